@@ -1,0 +1,2 @@
+"""Box assignment, coding and matching costs."""
+from . import bbox  # noqa: F401

@@ -1,0 +1,138 @@
+"""nuScenes dataset with the multi-view camera geometry CMT needs.
+
+Info file (``ann_file``, a pickle written by ``tools/create_data.py`` in the
+upstream CMT / mmdet3d format) -- the keys read here:
+
+* ``metadata.version`` (str): nuScenes version, e.g. ``'v1.0-trainval'``.
+* ``infos`` (list[dict]), one per key frame, each with
+    * ``token`` (str), ``timestamp`` (int, microseconds),
+    * ``lidar_path`` (str), ``sweeps`` (list[dict], read by mmdet3d's
+      ``LoadPointsFromMultiSweeps``: ``data_path``,
+      ``sensor2lidar_rotation``, ``sensor2lidar_translation``, ``timestamp``),
+    * ``cams`` (dict camera name -> dict) when the camera is used, each with
+      ``data_path`` (str), ``sensor2lidar_rotation`` ``[3, 3]``,
+      ``sensor2lidar_translation`` ``[3]``, ``cam_intrinsic`` ``[3, 3]`` and
+      optionally ``timestamp`` (int, microseconds),
+    * for training / evaluation (read by mmdet3d's ``get_ann_info``):
+      ``gt_boxes`` ``[N, 7]`` (box centre x, y, z, sizes along x, y, z, yaw,
+      as written by mmdet3d's converter), ``gt_names`` ``[N]``,
+      ``gt_velocity`` ``[N, 2]``, ``num_lidar_pts`` ``[N]``,
+      ``valid_flag`` ``[N]`` (with ``use_valid_flag=True``),
+    * ``ego2global_*`` / ``lidar2ego_*`` are used by the nuScenes evaluation.
+
+``get_data_info`` adds, per camera in the order of ``cams``:
+``img_filename``, ``img_timestamp`` (s), ``lidar2cam`` ``[4, 4]``,
+``cam_intrinsic`` ``[4, 4]``, ``lidar2img = cam_intrinsic @ lidar2cam``
+``[4, 4]``, and ``intrinsics`` / ``extrinsics``, which are the *same list
+objects* as ``cam_intrinsic`` / ``lidar2cam`` (so pipeline updates show in
+both names).
+"""
+import os.path as osp
+from typing import Dict, List, Optional
+
+import mmcv
+from mmdet.datasets import DATASETS
+from mmdet3d.datasets import NuScenesDataset
+
+from .camera_geometry import compose_lidar2img, lidar2cam_from_sensor2lidar, pad_intrinsic
+
+_FRAME_KEYS = ('token', 'timestamp', 'lidar_path', 'sweeps')
+_CAMERA_KEYS = ('data_path', 'sensor2lidar_rotation', 'sensor2lidar_translation', 'cam_intrinsic')
+_ANNOTATION_KEYS = ('gt_boxes', 'gt_names', 'gt_velocity', 'num_lidar_pts')
+
+
+@DATASETS.register_module()
+class CustomNuScenesDataset(NuScenesDataset):
+    """mmdet3d's ``NuScenesDataset`` plus per-view camera matrices.
+
+    Args:
+        version (str, optional): expected nuScenes version; when given, an info
+            file whose ``metadata.version`` differs raises ``ValueError``.
+        **kwargs: the arguments of mmdet3d's ``NuScenesDataset``.
+    """
+
+    def __init__(self, *args, version: Optional[str] = None, **kwargs) -> None:
+        self.expected_version = version
+        super().__init__(*args, **kwargs)
+
+    def load_annotations(self, ann_file: str) -> List[Dict]:
+        """Load and check the info pickle; sets ``self.metadata`` and ``self.version``.
+
+        Raises:
+            FileNotFoundError: ``ann_file`` does not exist.
+            KeyError: the file lacks ``infos`` / ``metadata.version`` or an info
+                lacks a required key.
+            ValueError: ``metadata.version`` differs from the configured ``version``.
+        """
+        if not osp.isfile(ann_file):
+            raise FileNotFoundError(f'nuScenes info file not found: {ann_file}')
+        data = mmcv.load(ann_file, file_format='pkl')
+        if not isinstance(data, dict) or 'infos' not in data or 'version' not in data.get('metadata', {}):
+            raise KeyError(f'{ann_file} is not a CMT/mmdet3d nuScenes info file: it needs "infos" and '
+                           f'"metadata.version"')
+        version = data['metadata']['version']
+        if self.expected_version is not None and version != self.expected_version:
+            raise ValueError(f'{ann_file} holds nuScenes version {version!r} but the config expects '
+                             f'{self.expected_version!r}')
+        infos = list(sorted(data['infos'], key=lambda info: info['timestamp']))[::self.load_interval]
+        if infos:
+            self._check_info_keys(infos[0], ann_file)
+        self.metadata = data['metadata']
+        self.version = version
+        return infos
+
+    def _check_info_keys(self, info: Dict, ann_file: str) -> None:
+        required = list(_FRAME_KEYS)
+        if not self.test_mode:
+            required += list(_ANNOTATION_KEYS) + (['valid_flag'] if self.use_valid_flag else [])
+        if self.modality is not None and self.modality.get('use_camera', False):
+            required.append('cams')
+        missing = [key for key in required if key not in info]
+        if missing:
+            raise KeyError(f'infos in {ann_file} lack {missing}')
+        for name, cam_info in info.get('cams', {}).items():
+            missing = [key for key in _CAMERA_KEYS if key not in cam_info]
+            if missing:
+                raise KeyError(f'camera {name} of the infos in {ann_file} lacks {missing}')
+
+    def get_data_info(self, index: int) -> Dict:
+        """Inputs of the pipeline for sample ``index``.
+
+        Returns:
+            dict: ``sample_idx``, ``pts_filename``, ``sweeps``, ``timestamp``
+            (s); with the camera also ``img_filename``, ``img_timestamp``,
+            ``lidar2cam``, ``cam_intrinsic``, ``lidar2img`` (lists of ``[4, 4]``
+            per view), ``intrinsics`` / ``extrinsics`` (aliases); ``ann_info``
+            unless in test mode.
+        """
+        info = self.data_infos[index]
+        input_dict = dict(
+            sample_idx=info['token'],
+            pts_filename=info['lidar_path'],
+            sweeps=info['sweeps'],
+            timestamp=info['timestamp'] / 1e6,
+        )
+        if self.modality['use_camera']:
+            input_dict.update(self._camera_inputs(info))
+        if not self.test_mode:
+            input_dict['ann_info'] = self.get_ann_info(index)
+        return input_dict
+
+    @staticmethod
+    def _camera_inputs(info: Dict) -> Dict:
+        filenames, timestamps, lidar2cams, intrinsics = [], [], [], []
+        for cam_info in info['cams'].values():
+            filenames.append(cam_info['data_path'])
+            timestamps.append(cam_info.get('timestamp', info['timestamp']) / 1e6)
+            lidar2cams.append(lidar2cam_from_sensor2lidar(cam_info['sensor2lidar_rotation'],
+                                                          cam_info['sensor2lidar_translation']))
+            intrinsics.append(pad_intrinsic(cam_info['cam_intrinsic']))
+        return dict(
+            img_filename=filenames,
+            img_timestamp=timestamps,
+            lidar2cam=lidar2cams,
+            cam_intrinsic=intrinsics,
+            lidar2img=compose_lidar2img(intrinsics, lidar2cams),
+            intrinsics=intrinsics,
+            extrinsics=lidar2cams,
+        )

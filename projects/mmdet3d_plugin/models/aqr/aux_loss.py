@@ -1,0 +1,63 @@
+"""Optional auxiliary routing loss from modality-drop augmentation (``ModalMask3D``).
+
+When the pipeline zeroed a sample's LiDAR points or camera images, the weight
+of that modality should be 0 for every query of the sample: the loss is the
+binary cross-entropy ``-log(1 - w)`` of the dropped modality's weights,
+averaged over queries and over the dropped ``(sample, modality)`` pairs.
+Samples with nothing dropped carry no target. The flags are read from
+``img_meta[DROPPED_MODALITIES_KEY]``, a collection of ``ModalMask3D``'s
+``mask_modal`` names (``'points'``, ``'image'``); a missing key means nothing
+was dropped.
+"""
+from typing import Mapping, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+#: img_meta key listing the modalities ModalMask3D dropped for the sample.
+DROPPED_MODALITIES_KEY = 'dropped_modalities'
+MODALITY_NAMES = ('points', 'image')
+
+
+def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> Tuple[Tensor, Tensor]:
+    """Which samples had their LiDAR / camera input dropped.
+
+    Args:
+        img_metas (Sequence[Mapping]): one dict per sample.
+        device (torch.device): device of the result.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``lidar_dropped [bs]`` and ``camera_dropped [bs]`` bool.
+    """
+    lidar, camera = [], []
+    for i, meta in enumerate(img_metas):
+        dropped = set(meta.get(DROPPED_MODALITIES_KEY, ()))
+        unknown = dropped - set(MODALITY_NAMES)
+        if unknown:
+            raise ValueError(f"img_metas[{i}]['{DROPPED_MODALITIES_KEY}'] has unknown modalities {sorted(unknown)}; "
+                             f'expected a subset of {MODALITY_NAMES}')
+        lidar.append('points' in dropped)
+        camera.append('image' in dropped)
+    return (torch.tensor(lidar, dtype=torch.bool, device=device), torch.tensor(camera, dtype=torch.bool, device=device))
+
+
+def routing_loss(lidar_weights: Tensor, camera_weights: Tensor, lidar_dropped: Tensor, camera_dropped: Tensor,
+                 eps: float = 1e-6) -> Tensor:
+    """BCE towards 0 of the weights of dropped modalities.
+
+    Args:
+        lidar_weights (Tensor): ``[bs, Q]`` in ``[0, 1]``.
+        camera_weights (Tensor): ``[bs, Q]`` in ``[0, 1]``.
+        lidar_dropped (Tensor): ``[bs]`` bool.
+        camera_dropped (Tensor): ``[bs]`` bool.
+        eps (float): ``w`` is clamped to ``[0, 1 - eps]`` before the log.
+
+    Returns:
+        Tensor: scalar float32 loss; 0 (still attached to the graph) when nothing was dropped.
+    """
+    weights = torch.stack([lidar_weights, camera_weights], dim=-1).float()  # [bs, Q, 2]
+    dropped = torch.stack([lidar_dropped, camera_dropped], dim=-1).to(weights.dtype)  # [bs, 2]
+    if dropped.shape[0] != weights.shape[0]:
+        raise ValueError(f'{dropped.shape[0]} drop flags for a batch of {weights.shape[0]}')
+    bce = -torch.log1p(-weights.clamp(0.0, 1.0 - eps)).mean(dim=1)  # [bs, 2]
+    return (bce * dropped).sum() / dropped.sum().clamp(min=1.0)

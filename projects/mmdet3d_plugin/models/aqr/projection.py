@@ -1,0 +1,205 @@
+"""Query projection: normalised 3D reference points -> BEV cell and camera feature cell.
+
+Pure functions (no parameters, no gradients) so the geometry can be tested by hand.
+
+Conventions (the same as upstream CMT's ``CmtHead.coords_bev``, whose BEV
+position embedding for the flattened token ``i = row * W_bev + col`` is built
+from ``((col + 0.5) / W_bev, (row + 0.5) / H_bev)``):
+
+* reference points are normalised to ``[0, 1]`` inside
+  ``pc_range = [x_min, y_min, z_min, x_max, y_max, z_max]``;
+* normalised ``x`` -> BEV column, normalised ``y`` -> BEV row;
+* BEV tokens are the feature map ``[bs, C, H_bev, W_bev]`` flattened row-major,
+  index ``row * W_bev + col``;
+* camera tokens are ``[bs * N, C, H_img, W_img]`` flattened as
+  ``(view, h, w)`` row-major; a camera cell is ``(view, h, w)``.
+
+Camera projection uses ``img_meta['lidar2img']`` (N 4x4 matrices mapping
+homogeneous LiDAR points to ``(u * d, v * d, d, 1)`` in the *input image*
+after the pipeline's resize/crop). A point is visible in a view when its depth
+is positive and ``0 <= u < img_w``, ``0 <= v < img_h`` with ``img_shape`` the
+un-padded input image size. The feature cell is ``(floor(v / stride_h),
+floor(u / stride_w))`` with ``stride = pad_shape / feature shape``, the same
+pixel <-> cell relation upstream's camera position embedding (``_rv_pe``) uses.
+The first such view (lowest index) is chosen. Queries visible in no view get
+``visible = False`` and the camera cell ``(-1, -1, -1)``; they are never mapped
+to a real cell.
+"""
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..utils.camera_geometry import stack_lidar2img
+from ..utils.positional_encoding import denormalize_points
+
+#: Camera cell given to queries that are visible in no view.
+INVISIBLE_CELL = -1
+
+
+def _check_pc_range(pc_range: Sequence[float]) -> None:
+    values = [float(v) for v in pc_range]
+    if len(values) != 6:
+        raise ValueError(f'pc_range must have 6 values [x_min, y_min, z_min, x_max, y_max, z_max], got {values}')
+    if not all(high > low for low, high in zip(values[:3], values[3:])):
+        raise ValueError(f'pc_range must have max > min on every axis, got {values}')
+
+
+def bev_cells(reference_points: Tensor, bev_shape: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    """BEV cell of every query.
+
+    Args:
+        reference_points (Tensor): ``[bs, Q, 3]`` (or ``[bs, Q, 2]``) normalised
+            points; ``x`` (index 0) -> column, ``y`` (index 1) -> row.
+        bev_shape (tuple[int, int]): ``(H_bev, W_bev)``.
+
+    Returns:
+        tuple[Tensor, Tensor]:
+            * ``pts_bev`` ``[bs, Q, 2]`` long, ``(row, col)`` = ``(y, x)``;
+            * ``pts_idx`` ``[bs, Q]`` long, ``row * W_bev + col``.
+    """
+    height, width = (int(s) for s in bev_shape)
+    if height <= 0 or width <= 0:
+        raise ValueError(f'bev_shape must be positive, got {tuple(bev_shape)}')
+    if reference_points.dim() != 3 or reference_points.shape[-1] not in (2, 3):
+        raise ValueError(f'reference_points must be [bs, Q, 2|3], got shape {tuple(reference_points.shape)}')
+    pts = reference_points.detach().float().clamp(0.0, 1.0)
+    col = (pts[..., 0] * width).floor().long().clamp(0, width - 1)
+    row = (pts[..., 1] * height).floor().long().clamp(0, height - 1)
+    return torch.stack([row, col], dim=-1), row * width + col
+
+
+def _per_view_hw(shape_value, num_views: int, key: str) -> List[Tuple[float, float]]:
+    """``img_shape``/``pad_shape`` of one sample -> ``num_views`` ``(h, w)`` pairs."""
+    if len(shape_value) > 0 and isinstance(shape_value[0], (list, tuple, np.ndarray)):
+        views = [tuple(v) for v in shape_value]
+    else:
+        views = [tuple(shape_value)] * num_views
+    if len(views) != num_views:
+        raise ValueError(f"img_metas['{key}'] has {len(views)} views, but lidar2img has {num_views}")
+    return [(float(v[0]), float(v[1])) for v in views]
+
+
+def image_sizes_from_metas(img_metas: Sequence[Mapping], num_views: int, device: torch.device) -> Tuple[Tensor, Tensor]:
+    """Read the un-padded and padded input image sizes of a batch.
+
+    Args:
+        img_metas (Sequence[Mapping]): one dict per sample with ``img_shape``
+            and ``pad_shape``, each either one ``(h, w, c)`` for all views or a
+            list of ``num_views`` of them. A missing ``img_shape`` falls back to
+            ``pad_shape`` and vice versa.
+        num_views (int): number of camera views N.
+        device (torch.device): device of the returned tensors.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``img_hw [bs, N, 2]`` and ``pad_hw [bs, N, 2]``
+        float32 (height, width).
+    """
+    img_hw, pad_hw = [], []
+    for i, meta in enumerate(img_metas):
+        if 'img_shape' not in meta and 'pad_shape' not in meta:
+            raise KeyError(f"img_metas[{i}] has neither 'img_shape' nor 'pad_shape'")
+        img_hw.append(_per_view_hw(meta.get('img_shape', meta.get('pad_shape')), num_views, 'img_shape'))
+        pad_hw.append(_per_view_hw(meta.get('pad_shape', meta.get('img_shape')), num_views, 'pad_shape'))
+    return (torch.tensor(img_hw, dtype=torch.float32, device=device),
+            torch.tensor(pad_hw, dtype=torch.float32, device=device))
+
+
+def camera_cells(points: Tensor,
+                 lidar2img: Tensor,
+                 img_hw: Tensor,
+                 pad_hw: Tensor,
+                 feat_hw: Tuple[int, int],
+                 min_depth: float = 1e-5) -> Tuple[Tensor, Tensor]:
+    """Camera feature cell of every query: the first view that sees it.
+
+    Args:
+        points (Tensor): ``[bs, Q, 3]`` metric LiDAR coordinates.
+        lidar2img (Tensor): ``[bs, N, 4, 4]``.
+        img_hw (Tensor): ``[bs, N, 2]`` un-padded input image (height, width);
+            a point must fall inside it to be visible.
+        pad_hw (Tensor): ``[bs, N, 2]`` padded input image (height, width); the
+            feature stride is ``pad_hw / feat_hw``.
+        feat_hw (tuple[int, int]): camera feature map ``(H_img, W_img)``.
+        min_depth (float): a point is in front of the camera when its depth
+            exceeds this.
+
+    Returns:
+        tuple[Tensor, Tensor]:
+            * ``pts_pers_idx`` ``[bs, Q, 3]`` long ``(view, h, w)``;
+              ``(-1, -1, -1)`` for invisible queries;
+            * ``visible`` ``[bs, Q]`` bool.
+    """
+    bs, num_query = points.shape[:2]
+    if lidar2img.dim() != 4 or lidar2img.shape[0] != bs or lidar2img.shape[2:] != (4, 4):
+        raise ValueError(f'lidar2img must be [bs={bs}, N, 4, 4], got {tuple(lidar2img.shape)}')
+    num_views = lidar2img.shape[1]
+    if num_views == 0:
+        raise ValueError('lidar2img has no camera views')
+    feat_h, feat_w = (int(s) for s in feat_hw)
+    if feat_h <= 0 or feat_w <= 0:
+        raise ValueError(f'camera feature shape must be positive, got {tuple(feat_hw)}')
+    pts = points.detach().float()
+    homo = torch.cat([pts, pts.new_ones(bs, num_query, 1)], dim=-1)
+    cam = torch.einsum('bvij,bqj->bvqi', lidar2img.float(), homo)  # [bs, N, Q, 4]
+    depth = cam[..., 2]
+    in_front = depth > min_depth
+    safe_depth = torch.where(in_front, depth, torch.ones_like(depth))
+    u = cam[..., 0] / safe_depth
+    v = cam[..., 1] / safe_depth
+    img_h, img_w = img_hw[..., 0:1], img_hw[..., 1:2]  # [bs, N, 1]
+    seen = in_front & (u >= 0) & (u < img_w) & (v >= 0) & (v < img_h)  # [bs, N, Q]
+    visible = seen.any(dim=1)
+    view = seen.to(torch.uint8).argmax(dim=1)  # first view that sees the point
+    gather = view[:, None, :]
+    u_sel = u.gather(1, gather).squeeze(1)
+    v_sel = v.gather(1, gather).squeeze(1)
+    pad_sel = pad_hw.gather(1, view[..., None].expand(-1, -1, 2))  # [bs, Q, 2]
+    cell_h = (v_sel * feat_h / pad_sel[..., 0]).floor().long().clamp(0, feat_h - 1)
+    cell_w = (u_sel * feat_w / pad_sel[..., 1]).floor().long().clamp(0, feat_w - 1)
+    pers = torch.stack([view, cell_h, cell_w], dim=-1)
+    pers = torch.where(visible[..., None], pers, torch.full_like(pers, INVISIBLE_CELL))
+    return pers, visible
+
+
+def project_reference_points(reference_points: Tensor,
+                             pc_range: Sequence[float],
+                             bev_shape: Tuple[int, int],
+                             camera_shape: Tuple[int, int, int],
+                             img_metas: Sequence[Mapping]) -> Dict[str, Tensor]:
+    """Project every query's reference point to its BEV cell and camera cell.
+
+    Args:
+        reference_points (Tensor): ``[bs, Q, 3]`` normalised to ``[0, 1]`` in
+            ``pc_range`` (any Q: 900 matching queries, plus DN queries if given).
+        pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
+        bev_shape (tuple[int, int]): ``(H_bev, W_bev)`` of the BEV memory.
+        camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera
+            memory; N must equal the number of ``lidar2img`` matrices.
+        img_metas (Sequence[Mapping]): ``bs`` dicts with ``lidar2img``,
+            ``img_shape``, ``pad_shape``.
+
+    Returns:
+        dict[str, Tensor]: ``projection_info``:
+            * ``pts_bev`` ``[bs, Q, 2]`` long ``(y, x)`` BEV cell;
+            * ``pts_idx`` ``[bs, Q]`` long flattened BEV index;
+            * ``pts_pers_idx`` ``[bs, Q, 3]`` long ``(view, h, w)``, ``-1`` if invisible;
+            * ``visible`` ``[bs, Q]`` bool.
+    """
+    if reference_points.dim() != 3 or reference_points.shape[-1] != 3:
+        raise ValueError(f'reference_points must be [bs, Q, 3], got shape {tuple(reference_points.shape)}')
+    bs = reference_points.shape[0]
+    if len(img_metas) != bs:
+        raise ValueError(f'got {len(img_metas)} img_metas for a batch of {bs} reference point sets')
+    num_views, feat_h, feat_w = (int(s) for s in camera_shape)
+    _check_pc_range(pc_range)
+    pts_bev, pts_idx = bev_cells(reference_points, bev_shape)
+    lidar2img = stack_lidar2img(img_metas, reference_points.device)
+    if lidar2img.shape[1] != num_views:
+        raise ValueError(f'camera memory has {num_views} views but img_metas lidar2img has {lidar2img.shape[1]}')
+    img_hw, pad_hw = image_sizes_from_metas(img_metas, num_views, reference_points.device)
+    # reference points outside [0, 1] are clamped, as upstream CMT clamps them with inverse_sigmoid
+    points = denormalize_points(reference_points.detach().float().clamp(0.0, 1.0), pc_range)
+    pts_pers_idx, visible = camera_cells(points, lidar2img, img_hw, pad_hw, (feat_h, feat_w))
+    return dict(pts_bev=pts_bev, pts_idx=pts_idx, pts_pers_idx=pts_pers_idx, visible=visible)

@@ -1,0 +1,222 @@
+"""AQR weight generator: per-query LiDAR / camera trust from a local-window transformer layer."""
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from mmcv.cnn.bricks.transformer import FFN
+from mmcv.runner import BaseModule
+from mmdet.models.builder import MODELS
+from torch import Tensor, nn
+
+from .aux_loss import modality_drop_flags, routing_loss
+from .local_window import LocalWindowAttention, check_window_size, window_token_index
+from .projection import project_reference_points
+
+WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
+
+
+def flatten_memory(bev_feat: Tensor, img_feat: Tensor) -> Tuple[Tensor, Tuple[int, int], Tuple[int, int, int]]:
+    """Concatenate BEV and camera feature maps into CMT's key layout.
+
+    Args:
+        bev_feat (Tensor): ``[bs, C, H_bev, W_bev]``.
+        img_feat (Tensor): ``[bs * N, C, H_img, W_img]``.
+
+    Returns:
+        tuple: ``memory [bs, H_bev * W_bev + N * H_img * W_img, C]`` (BEV tokens
+        row-major, then camera tokens in ``(view, h, w)`` order), ``bev_shape
+        (H_bev, W_bev)`` and ``camera_shape (N, H_img, W_img)``.
+    """
+    if bev_feat.dim() != 4 or img_feat.dim() != 4:
+        raise ValueError(f'expected bev_feat [bs, C, H, W] and img_feat [bs*N, C, h, w], '
+                         f'got {tuple(bev_feat.shape)} and {tuple(img_feat.shape)}')
+    bs, channels, bev_h, bev_w = bev_feat.shape
+    if img_feat.shape[1] != channels:
+        raise ValueError(f'bev_feat has {channels} channels but img_feat has {img_feat.shape[1]}')
+    if img_feat.shape[0] % bs != 0:
+        raise ValueError(f'img_feat batch {img_feat.shape[0]} is not a multiple of the BEV batch {bs}')
+    num_views, img_h, img_w = img_feat.shape[0] // bs, img_feat.shape[2], img_feat.shape[3]
+    bev_tokens = bev_feat.flatten(2).transpose(1, 2)
+    img_tokens = img_feat.reshape(bs, num_views, channels, img_h, img_w).permute(0, 1, 3, 4, 2)
+    memory = torch.cat([bev_tokens, img_tokens.reshape(bs, -1, channels)], dim=1)
+    return memory, (bev_h, bev_w), (num_views, img_h, img_w)
+
+
+def _pos_tokens(pos: Optional[Tensor], bs: int, count: int, channels: int, name: str, like: Tensor) -> Tensor:
+    """Bring a positional embedding to ``[bs, count, C]`` (zeros when ``None``)."""
+    if pos is None:
+        return like.new_zeros(bs, count, channels)
+    if pos.dim() == 2:
+        pos = pos.unsqueeze(0).expand(bs, -1, -1)
+    elif pos.dim() == 4:
+        pos = pos.reshape(bs, -1, pos.shape[-1])
+    if tuple(pos.shape) != (bs, count, channels):
+        raise ValueError(f'{name} must hold {count} tokens of {channels} channels per sample, '
+                         f'got shape {tuple(pos.shape)}')
+    return pos
+
+
+@MODELS.register_module()
+class AQRWeightGenerator(BaseModule):
+    """Adaptive Query Routing weights: how much each query trusts LiDAR and camera.
+
+    One post-norm transformer layer (window attention -> norm -> FFN -> norm)
+    over the query features, in which every query attends only to the memory
+    tokens in its local windows (the local attention mask, LAM): a
+    ``window_sizes[0]`` square in the camera view that sees its reference point
+    and a ``window_sizes[1]`` square around its BEV cell. The windows are
+    gathered with index tensors (:mod:`.local_window`), never as a dense
+    ``[bs * heads, Q, K]`` mask. A query visible in no camera attends to its
+    LiDAR window only. A linear head then gives the weights:
+
+    * ``weight_activation='sigmoid'``: two logits,
+      ``lidar = sigmoid(l_0)``, ``camera = sigmoid(l_1)``;
+    * ``weight_activation='softmax'``: three routes (LiDAR, camera, both) as in
+      MoME, ``p = softmax(l)``, ``lidar = p_0 + p_2``, ``camera = p_1 + p_2``.
+
+    The head's weights are initialised with ``N(0, 0.01)`` and zero bias, so
+    the sigmoid weights start near 0.5, i.e. a bias near 0 (close to baseline
+    CMT) while every parameter still receives gradients.
+
+    Args:
+        embed_dims (int): channels of queries and memory. Default: 256.
+        num_heads (int): attention heads. Default: 8.
+        window_sizes (Sequence[int]): odd window sides ``[camera, lidar]`` in
+            feature cells. Default: ``[15, 5]``.
+        feedforward_channels (int): FFN hidden size. Default: 1024.
+        dropout (float): dropout on attention probabilities, the attention
+            output and in the FFN. Default: 0.1.
+        weight_activation (str): ``'sigmoid'`` or ``'softmax'``. Default: ``'sigmoid'``.
+        aux_loss_weight (float): weight of the auxiliary routing loss from
+            modality-drop augmentation (:mod:`.aux_loss`); 0 turns it off.
+            Default: 0.
+        init_cfg (dict, optional): mmcv initialisation config.
+    """
+
+    def __init__(self,
+                 embed_dims: int = 256,
+                 num_heads: int = 8,
+                 window_sizes: Sequence[int] = (15, 5),
+                 feedforward_channels: int = 1024,
+                 dropout: float = 0.1,
+                 weight_activation: str = 'sigmoid',
+                 aux_loss_weight: float = 0.0,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if len(window_sizes) != 2:
+            raise ValueError(f'window_sizes must be [camera, lidar], got {window_sizes!r}')
+        if weight_activation not in WEIGHT_ACTIVATIONS:
+            raise ValueError(f'weight_activation must be one of {WEIGHT_ACTIVATIONS}, got {weight_activation!r}')
+        self.embed_dims = embed_dims
+        self.camera_window = check_window_size(window_sizes[0], 'window_sizes[0] (camera)')
+        self.lidar_window = check_window_size(window_sizes[1], 'window_sizes[1] (lidar)')
+        self.weight_activation = weight_activation
+        if aux_loss_weight < 0:
+            raise ValueError(f'aux_loss_weight must be >= 0, got {aux_loss_weight}')
+        self.aux_loss_weight = float(aux_loss_weight)
+        self.attention = LocalWindowAttention(embed_dims, num_heads, attn_drop=dropout)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels, ffn_drop=dropout)
+        self.norms = nn.ModuleList([nn.LayerNorm(embed_dims), nn.LayerNorm(embed_dims)])
+        self.weight_head = nn.Linear(embed_dims, 2 if weight_activation == 'sigmoid' else 3)
+        nn.init.normal_(self.weight_head.weight, std=0.01)
+        nn.init.zeros_(self.weight_head.bias)
+
+    def window_index(self, projection_info: Dict[str, Tensor], bev_shape: Tuple[int, int],
+                     camera_shape: Tuple[int, int, int]) -> Tuple[Tensor, Tensor]:
+        """Memory token indices of every query's LiDAR and camera windows.
+
+        Args:
+            projection_info (dict[str, Tensor]): from :func:`project_reference_points`.
+            bev_shape (tuple[int, int]): ``(H_bev, W_bev)``.
+            camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)``.
+
+        Returns:
+            tuple[Tensor, Tensor]: ``index`` and ``valid``, both ``[bs, Q, L]``
+            with ``L = lidar_window ** 2 + camera_window ** 2``; indices address
+            the memory ``[BEV tokens ; camera tokens]``.
+        """
+        bev_index, bev_valid = window_token_index(projection_info['pts_bev'], bev_shape, self.lidar_window)
+        pers = projection_info['pts_pers_idx']
+        cam_index, cam_valid = window_token_index(
+            pers[..., 1:], camera_shape[1:], self.camera_window,
+            center_valid=projection_info['visible'], plane=pers[..., 0].clamp(min=0))
+        cam_index = cam_index + bev_shape[0] * bev_shape[1]
+        return torch.cat([bev_index, cam_index], dim=-1), torch.cat([bev_valid, cam_valid], dim=-1)
+
+    def forward(self,
+                query_embed: Tensor,
+                reference_points: Tensor,
+                bev_feat: Tensor,
+                img_feat: Tensor,
+                img_metas: Sequence[dict],
+                pc_range: Sequence[float],
+                bev_pos: Optional[Tensor] = None,
+                img_pos: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+        """Compute the routing weights of every query.
+
+        Args:
+            query_embed (Tensor): ``[bs, Q, C]`` query features (CMT's query
+                positional embeddings). Q is whatever the caller passes (900
+                matching queries; DN queries are usually left out, see
+                ``AttentionBiasGenerator``'s ``num_dn``).
+            reference_points (Tensor): ``[bs, Q, 3]`` normalised to ``[0, 1]`` in ``pc_range``.
+            bev_feat (Tensor): ``[bs, C, H_bev, W_bev]`` BEV memory.
+            img_feat (Tensor): ``[bs * N, C, H_img, W_img]`` camera memory.
+            img_metas (Sequence[dict]): ``bs`` dicts with ``lidar2img``,
+                ``img_shape``, ``pad_shape``.
+            pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
+            bev_pos (Tensor, optional): BEV positional embedding,
+                ``[H_bev * W_bev, C]`` or ``[bs, H_bev * W_bev, C]``; added to the keys.
+            img_pos (Tensor, optional): camera positional embedding,
+                ``[bs * N, H_img, W_img, C]`` or ``[bs, N * H_img * W_img, C]``.
+
+        Returns:
+            tuple: ``lidar_weights [bs, Q]``, ``camera_weights [bs, Q]`` (in
+            ``[0, 1]``) and ``projection_info`` (``pts_bev [bs, Q, 2]``,
+            ``pts_idx [bs, Q]``, ``pts_pers_idx [bs, Q, 3]``, ``visible [bs, Q]``).
+        """
+        if query_embed.dim() != 3 or query_embed.shape[-1] != self.embed_dims:
+            raise ValueError(f'query_embed must be [bs, Q, {self.embed_dims}], got {tuple(query_embed.shape)}')
+        if tuple(reference_points.shape[:2]) != tuple(query_embed.shape[:2]):
+            raise ValueError(f'reference_points {tuple(reference_points.shape)} do not match '
+                             f'query_embed {tuple(query_embed.shape)}')
+        memory, bev_shape, camera_shape = flatten_memory(bev_feat, img_feat)
+        bs, num_keys, channels = memory.shape
+        if channels != self.embed_dims:
+            raise ValueError(f'memory has {channels} channels, AQRWeightGenerator expects {self.embed_dims}')
+        if bev_feat.shape[0] != query_embed.shape[0]:
+            raise ValueError(f'bev_feat batch {bev_feat.shape[0]} != query batch {query_embed.shape[0]}')
+        num_bev = bev_shape[0] * bev_shape[1]
+        pos = torch.cat([
+            _pos_tokens(bev_pos, bs, num_bev, channels, 'bev_pos', memory),
+            _pos_tokens(img_pos, bs, num_keys - num_bev, channels, 'img_pos', memory)
+        ], dim=1)
+        projection_info = project_reference_points(reference_points, pc_range, bev_shape, camera_shape, img_metas)
+        index, valid = self.window_index(projection_info, bev_shape, camera_shape)
+        attn = self.attention(query_embed, memory + pos.to(memory.dtype), memory, index, valid)
+        x = self.norms[0](query_embed + self.attn_dropout(attn))
+        x = self.norms[1](self.ffn(x))
+        logits = self.weight_head(x)
+        if self.weight_activation == 'sigmoid':
+            weights = logits.sigmoid()
+            return weights[..., 0], weights[..., 1], projection_info
+        probs = logits.softmax(dim=-1)
+        return probs[..., 0] + probs[..., 2], probs[..., 1] + probs[..., 2], projection_info
+
+    def loss(self, lidar_weights: Tensor, camera_weights: Tensor, img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        """Auxiliary routing loss (empty dict when ``aux_loss_weight`` is 0).
+
+        Args:
+            lidar_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
+            camera_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
+            img_metas (Sequence[dict]): with ``dropped_modalities`` where
+                ``ModalMask3D`` dropped an input (see :mod:`.aux_loss`).
+
+        Returns:
+            dict[str, Tensor]: ``{'loss_aqr_routing': scalar}`` or ``{}``.
+        """
+        if self.aux_loss_weight == 0:
+            return {}
+        lidar_dropped, camera_dropped = modality_drop_flags(img_metas, lidar_weights.device)
+        return dict(loss_aqr_routing=self.aux_loss_weight *
+                    routing_loss(lidar_weights, camera_weights, lidar_dropped, camera_dropped))

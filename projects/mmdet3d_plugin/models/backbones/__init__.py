@@ -1,0 +1,4 @@
+"""Image backbones."""
+from .vovnet import VoVNet
+
+__all__ = ['VoVNet']

@@ -1,0 +1,4 @@
+"""Image necks."""
+from .cp_fpn import CPFPN
+
+__all__ = ['CPFPN']

@@ -1,0 +1,164 @@
+"""CMT's transformers: the memory of BEV and/or camera tokens fed to the PETR decoder.
+
+``CmtTransformer`` (fusion) builds the memory ``[BEV tokens ; camera tokens]``,
+``CmtLidarTransformer`` BEV tokens only, ``CmtImageTransformer`` camera tokens
+only. They own no parameters besides the decoder's, so upstream checkpoints
+map onto ``transformer.decoder.*`` unchanged.
+
+Token order (the order of the keys K, which any cross-attention bias must
+follow): BEV cell ``(h, w)`` is key ``h * W + w``; camera cell ``(v, h, w)``
+of view ``v`` comes after all BEV keys, at ``H * W + (v * h_img + h) * w_img + w``.
+"""
+from typing import Optional, Tuple
+
+import torch
+from mmcv.cnn import xavier_init
+from mmcv.cnn.bricks.transformer import build_transformer_layer_sequence
+from mmcv.runner.base_module import BaseModule
+from mmdet.models.utils.builder import TRANSFORMER
+
+
+def flatten_bev(bev_feat: torch.Tensor) -> torch.Tensor:
+    """``[bs, C, H, W]`` BEV map -> ``[H * W, bs, C]`` tokens (row-major)."""
+    return bev_feat.flatten(2).permute(2, 0, 1)
+
+
+def flatten_views(img_feat: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``[bs * N, h, w, C]`` per-view maps (channels last) -> ``[N * h * w, bs, C]`` tokens."""
+    if img_feat.size(0) % batch_size:
+        raise ValueError(f'{img_feat.size(0)} camera feature maps cannot be split into {batch_size} samples')
+    num_views = img_feat.size(0) // batch_size
+    _, height, width, channels = img_feat.shape
+    tokens = img_feat.reshape(batch_size, num_views * height * width, channels)
+    return tokens.transpose(0, 1)
+
+
+class _CmtTransformerBase(BaseModule):
+    """Shared decoder plumbing of the three CMT transformers.
+
+    Args:
+        decoder (dict): ``PETRTransformerDecoder`` config.
+        init_cfg (dict, optional): mmcv init config.
+    """
+
+    def __init__(self, decoder: dict, init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.decoder = build_transformer_layer_sequence(decoder)
+        self.embed_dims = self.decoder.embed_dims
+
+    def init_weights(self) -> None:
+        """DETR's initialisation: Xavier-uniform for every weight matrix."""
+        for module in self.modules():
+            if hasattr(module, 'weight') and module.weight is not None and module.weight.dim() > 1:
+                xavier_init(module, distribution='uniform')
+        self._is_init = True
+
+    def _decode(self, memory: torch.Tensor, pos_embed: torch.Tensor, query_embed: torch.Tensor,
+                self_attn_mask: Optional[torch.Tensor], cross_attn_bias) -> torch.Tensor:
+        """Decode zero-initialised queries against ``memory``.
+
+        Args:
+            memory (Tensor): ``[K, bs, C]``.
+            pos_embed (Tensor): ``[K, bs, C]``.
+            query_embed (Tensor): ``[bs, Q, C]`` query positional embeddings.
+            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool, True = blocked.
+            cross_attn_bias (Tensor | AttentionBias, optional): mask or
+                additive bias on the ``[bs, heads, Q, K]`` cross-attention scores.
+
+        Returns:
+            Tensor: ``[num_layers, bs, Q, C]``.
+        """
+        if memory.shape != pos_embed.shape:
+            raise ValueError(f'memory {tuple(memory.shape)} and its position embedding '
+                             f'{tuple(pos_embed.shape)} differ in shape')
+        query_pos = query_embed.transpose(0, 1)
+        target = torch.zeros_like(query_pos)
+        out_dec = self.decoder(
+            query=target,
+            key=memory,
+            value=memory,
+            key_pos=pos_embed,
+            query_pos=query_pos,
+            attn_masks=[self_attn_mask, cross_attn_bias])
+        return out_dec.transpose(1, 2)
+
+
+@TRANSFORMER.register_module()
+class CmtTransformer(_CmtTransformerBase):
+    """Fusion transformer: queries attend to ``[BEV tokens ; camera tokens]``."""
+
+    def forward(self, x: torch.Tensor, x_img: torch.Tensor, query_embed: torch.Tensor,
+                bev_pos_embed: torch.Tensor, rv_pos_embed: torch.Tensor,
+                self_attn_mask: Optional[torch.Tensor] = None,
+                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decode.
+
+        Args:
+            x (Tensor): ``[bs, C, H, W]`` BEV features.
+            x_img (Tensor): ``[bs * N, C, h, w]`` camera features.
+            query_embed (Tensor): ``[bs, Q, C]``.
+            bev_pos_embed (Tensor): ``[H * W, C]``.
+            rv_pos_embed (Tensor): ``[bs * N, h, w, C]``.
+            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
+            cross_attn_bias (Tensor | AttentionBias, optional): over the
+                ``K = H * W + N * h * w`` keys in the module docstring's order.
+
+        Returns:
+            tuple[Tensor, Tensor]: decoder outputs ``[num_layers, bs, Q, C]``
+            and the memory ``[K, bs, C]``.
+        """
+        bs = x.size(0)
+        memory = torch.cat((flatten_bev(x), flatten_views(x_img.permute(0, 2, 3, 1), bs)), dim=0)
+        bev_pos = bev_pos_embed.unsqueeze(1).expand(-1, bs, -1)
+        pos_embed = torch.cat((bev_pos, flatten_views(rv_pos_embed, bs)), dim=0)
+        return self._decode(memory, pos_embed, query_embed, self_attn_mask, cross_attn_bias), memory
+
+
+@TRANSFORMER.register_module()
+class CmtLidarTransformer(_CmtTransformerBase):
+    """LiDAR-only transformer: queries attend to BEV tokens."""
+
+    def forward(self, x: torch.Tensor, query_embed: torch.Tensor, pos_embed: torch.Tensor,
+                self_attn_mask: Optional[torch.Tensor] = None,
+                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decode.
+
+        Args:
+            x (Tensor): ``[bs, C, H, W]`` BEV features.
+            query_embed (Tensor): ``[bs, Q, C]``.
+            pos_embed (Tensor): ``[H * W, C]``.
+            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
+            cross_attn_bias (Tensor | AttentionBias, optional): over the ``H * W`` keys.
+
+        Returns:
+            tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[H * W, bs, C]``.
+        """
+        bs = x.size(0)
+        memory = flatten_bev(x)
+        pos = pos_embed.unsqueeze(1).expand(-1, bs, -1)
+        return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory
+
+
+@TRANSFORMER.register_module()
+class CmtImageTransformer(_CmtTransformerBase):
+    """Camera-only transformer: queries attend to camera tokens."""
+
+    def forward(self, x_img: torch.Tensor, query_embed: torch.Tensor, rv_pos_embed: torch.Tensor,
+                self_attn_mask: Optional[torch.Tensor] = None,
+                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decode.
+
+        Args:
+            x_img (Tensor): ``[bs * N, C, h, w]`` camera features.
+            query_embed (Tensor): ``[bs, Q, C]``; its first dim gives bs.
+            rv_pos_embed (Tensor): ``[bs * N, h, w, C]``.
+            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
+            cross_attn_bias (Tensor | AttentionBias, optional): over the ``N * h * w`` keys.
+
+        Returns:
+            tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[N * h * w, bs, C]``.
+        """
+        bs = query_embed.size(0)
+        memory = flatten_views(x_img.permute(0, 2, 3, 1), bs)
+        pos = flatten_views(rv_pos_embed, bs)
+        return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory

@@ -1,0 +1,254 @@
+"""Attention modules of CMT's decoder, under upstream CMT's registry names.
+
+* ``PETRMultiheadAttention``: mmcv's ``MultiheadAttention`` (a wrapper of
+  ``torch.nn.MultiheadAttention``) under CMT's name.
+* ``PETRMultiheadFlashAttention``: the cross-attention. Same parameter names as
+  ``nn.MultiheadAttention`` (``attn.in_proj_weight``, ``attn.in_proj_bias``,
+  ``attn.out_proj``) so CMT checkpoints load, but the attention itself runs
+  through :func:`projects.mmdet3d_plugin.attention.dispatch.apply_attention`,
+  which picks a backend (math / SDPA / segment / FlashBias / flex /
+  flash-attn) and applies the mask or bias it is given, or raises.
+  Upstream CMT's version silently dropped ``attn_mask``; this one never does.
+"""
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from mmcv.cnn.bricks.drop import build_dropout
+from mmcv.cnn.bricks.registry import ATTENTION
+from mmcv.cnn.bricks.transformer import MultiheadAttention
+from mmcv.runner.base_module import BaseModule
+from torch import nn
+
+from ...attention.dispatch import apply_attention
+
+
+@ATTENTION.register_module()
+class PETRMultiheadAttention(MultiheadAttention):
+    """mmcv ``MultiheadAttention`` registered under upstream CMT's name.
+
+    Upstream's class is a copy of mmcv's; configs and checkpoints that name
+    ``PETRMultiheadAttention`` get the same module (keys ``attn.in_proj_weight``,
+    ``attn.in_proj_bias``, ``attn.out_proj.*``).
+    """
+
+
+def attn_mask_to_bias(attn_mask, batch_size: int, num_heads: int, num_queries: int, num_keys: int):
+    """Bring an ``nn.MultiheadAttention``-style mask to ``apply_attention``'s bias layout.
+
+    Args:
+        attn_mask (Tensor | AttentionBias | None): one of
+            ``[Q, K]``, ``[bs * heads, Q, K]`` (torch's layout),
+            ``[bs, Q, K]`` or ``[bs | 1, heads | 1, Q, K]``; bool (True =
+            blocked), uint8 (non-zero = blocked) or float (added to the
+            scores). A structured ``AttentionBias`` is passed through as is.
+        batch_size (int): bs.
+        num_heads (int): heads.
+        num_queries (int): Q.
+        num_keys (int): K.
+
+    Returns:
+        Tensor | AttentionBias | None: a tensor broadcastable to
+        ``[bs, heads, Q, K]``, or the structured bias unchanged.
+    """
+    if attn_mask is None or not isinstance(attn_mask, torch.Tensor):
+        return attn_mask
+    if attn_mask.dtype == torch.uint8:
+        attn_mask = attn_mask.bool()
+    if tuple(attn_mask.shape[-2:]) != (num_queries, num_keys):
+        raise ValueError(f'attn_mask of shape {tuple(attn_mask.shape)} does not match {num_queries} queries x '
+                         f'{num_keys} keys')
+    if attn_mask.dim() == 2:
+        return attn_mask[None, None]
+    if attn_mask.dim() == 3:
+        if attn_mask.size(0) == batch_size * num_heads:
+            return attn_mask.view(batch_size, num_heads, num_queries, num_keys)
+        if attn_mask.size(0) == batch_size:
+            return attn_mask[:, None]
+        raise ValueError(f'a 3-dim attn_mask must have bs*heads={batch_size * num_heads} or bs={batch_size} '
+                         f'rows, got {tuple(attn_mask.shape)}')
+    if attn_mask.dim() == 4:
+        if attn_mask.size(0) not in (1, batch_size) or attn_mask.size(1) not in (1, num_heads):
+            raise ValueError(f'a 4-dim attn_mask must be [1|{batch_size}, 1|{num_heads}, Q, K], got '
+                             f'{tuple(attn_mask.shape)}')
+        return attn_mask
+    raise ValueError(f'attn_mask must have 2, 3 or 4 dims, got {tuple(attn_mask.shape)}')
+
+
+class BiasedMultiheadAttention(nn.Module):
+    """Multi-head attention with ``nn.MultiheadAttention``'s parameters and a pluggable kernel.
+
+    Args:
+        embed_dim (int): E.
+        num_heads (int): heads; must divide E.
+        bias (bool): learn ``in_proj_bias`` and ``out_proj.bias``.
+        attn_drop (float): dropout on the attention weights (training only).
+        backend (str): ``apply_attention`` backend (``'auto'``, ``'math'``,
+            ``'sdpa'``, ``'segment'``, ``'flashbias'``, ``'flex'``,
+            ``'flash_attn'``).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, attn_drop: float = 0.0,
+                 backend: str = 'auto') -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f'embed_dim {embed_dim} is not divisible by num_heads {num_heads}')
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.attn_drop = attn_drop
+        self.backend = backend
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        bs, length, _ = x.shape
+        return x.view(bs, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias=None,
+                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attend.
+
+        Args:
+            query (Tensor): ``[bs, Q, E]``.
+            key (Tensor): ``[bs, K, E]``.
+            value (Tensor): ``[bs, K, E]``.
+            bias (Tensor | AttentionBias | None): see :func:`attn_mask_to_bias`.
+            key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
+
+        Returns:
+            Tensor: ``[bs, Q, E]``.
+        """
+        bs, num_queries, _ = query.shape
+        num_keys = key.size(1)
+        weights = self.in_proj_weight.chunk(3)
+        biases = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
+        q = self._split_heads(F.linear(query, weights[0], biases[0]))
+        k = self._split_heads(F.linear(key, weights[1], biases[1]))
+        v = self._split_heads(F.linear(value, weights[2], biases[2]))
+        if key_padding_mask is not None:
+            if tuple(key_padding_mask.shape) != (bs, num_keys):
+                raise ValueError(f'key_padding_mask must be [bs, K] = {(bs, num_keys)}, got '
+                                 f'{tuple(key_padding_mask.shape)}')
+            key_padding_mask = key_padding_mask.bool()
+        out = apply_attention(
+            q, k, v,
+            bias=attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
+            key_padding_mask=key_padding_mask,
+            backend=self.backend,
+            dropout_p=self.attn_drop if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(bs, num_queries, self.embed_dim)
+        return self.out_proj(out)
+
+
+@ATTENTION.register_module()
+class PETRMultiheadFlashAttention(BaseModule):
+    """CMT's cross-attention, with the mmcv attention call signature and an honest mask.
+
+    Args:
+        embed_dims (int): E.
+        num_heads (int): heads.
+        attn_drop (float): dropout on the attention weights.
+        proj_drop (float): dropout after the output projection.
+        dropout_layer (dict): dropout on the residual branch.
+        init_cfg (dict, optional): mmcv init config.
+        batch_first (bool): inputs are ``[bs, L, E]`` (True) or ``[L, bs, E]``
+            (False, the layout of CMT's decoder).
+        backend (str): attention kernel, see :class:`BiasedMultiheadAttention`.
+        bias (bool): learn the projection biases. Upstream CMT configs always
+            got them (they passed the dropout rate into this argument), so
+            checkpoints have ``in_proj_bias`` and ``out_proj.bias``.
+        dropout (float, deprecated): as in mmcv, sets ``attn_drop`` and the
+            residual dropout.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 attn_drop: float = 0.,
+                 proj_drop: float = 0.,
+                 dropout_layer: Optional[dict] = dict(type='Dropout', drop_prob=0.),
+                 init_cfg: Optional[dict] = None,
+                 batch_first: bool = False,
+                 backend: str = 'auto',
+                 bias: bool = True,
+                 **kwargs) -> None:
+        super().__init__(init_cfg)
+        if 'dropout' in kwargs:
+            warnings.warn('The argument `dropout` of PETRMultiheadFlashAttention is deprecated; set `attn_drop`, '
+                          '`proj_drop` and `dropout_layer` instead', DeprecationWarning)
+            attn_drop = kwargs['dropout']
+            dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=kwargs.pop('dropout'))
+        if kwargs:
+            raise TypeError(f'PETRMultiheadFlashAttention got unexpected arguments: {sorted(kwargs)}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.batch_first = batch_first
+        self.attn = BiasedMultiheadAttention(embed_dims, num_heads, bias=bias, attn_drop=attn_drop,
+                                             backend=backend)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.dropout_layer = build_dropout(dropout_layer) if dropout_layer else nn.Identity()
+
+    @property
+    def backend(self) -> str:
+        """The ``apply_attention`` backend this module asks for."""
+        return self.attn.backend
+
+    def forward(self,
+                query: torch.Tensor,
+                key: Optional[torch.Tensor] = None,
+                value: Optional[torch.Tensor] = None,
+                identity: Optional[torch.Tensor] = None,
+                query_pos: Optional[torch.Tensor] = None,
+                key_pos: Optional[torch.Tensor] = None,
+                attn_mask=None,
+                key_padding_mask: Optional[torch.Tensor] = None,
+                **kwargs) -> torch.Tensor:
+        """Attention with identity connection, positional encodings added to query and key.
+
+        Args:
+            query (Tensor): ``[Q, bs, E]`` (``[bs, Q, E]`` if ``batch_first``).
+            key (Tensor, optional): ``[K, bs, E]``; defaults to ``query``.
+            value (Tensor, optional): like ``key``; defaults to ``key``.
+            identity (Tensor, optional): residual input; defaults to ``query``.
+            query_pos (Tensor, optional): added to ``query``.
+            key_pos (Tensor, optional): added to ``key``; defaults to
+                ``query_pos`` when that has the key's shape.
+            attn_mask (Tensor | AttentionBias, optional): mask or additive
+                bias on the ``[bs, heads, Q, K]`` scores, see
+                :func:`attn_mask_to_bias`. Always applied.
+            key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
+
+        Returns:
+            Tensor: same layout as ``query``.
+        """
+        if key is None:
+            key = query
+        if value is None:
+            value = key
+        if identity is None:
+            identity = query
+        if key_pos is None and query_pos is not None:
+            if query_pos.shape != key.shape:
+                raise ValueError(f'{type(self).__name__}: key_pos is missing and query_pos {tuple(query_pos.shape)} '
+                                 f'cannot stand in for it (key is {tuple(key.shape)})')
+            key_pos = query_pos
+        if query_pos is not None:
+            query = query + query_pos
+        if key_pos is not None:
+            key = key + key_pos
+        if not self.batch_first:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        out = self.attn(query, key, value, bias=attn_mask, key_padding_mask=key_padding_mask)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return identity + self.dropout_layer(self.proj_drop(out))

@@ -1,0 +1,1 @@
+"""Data converters: nuScenes (real or synthetic) → info ``.pkl`` files and the GT database."""

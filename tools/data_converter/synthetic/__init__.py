@@ -1,0 +1,1 @@
+"""Synthetic nuScenes-format dataset: scene layout, LiDAR ray casting, camera rendering, table writing."""

@@ -1,0 +1,69 @@
+"""Generate a small synthetic dataset in the exact nuScenes v1.0 on-disk format.
+
+Example::
+
+    python tools/make_synthetic_nuscenes.py --root data/synthetic_nuscenes \
+        --version v1.0-mini --scenes 10 --samples 10 --seed 0
+
+The result loads with ``NuScenes(version=..., dataroot=...)``, converts with
+``tools/create_data.py nuscenes`` and evaluates with the official ``DetectionEval``.
+See ``docs/synthetic_data.md``.
+"""
+import argparse
+import os.path as osp
+import sys
+import time
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from tools.data_converter.synthetic.generator import SyntheticConfig, generate_synthetic_nuscenes  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Write a synthetic nuScenes-format dataset.')
+    parser.add_argument('--root', default='data/synthetic_nuscenes', help='output data root')
+    parser.add_argument('--version', default='v1.0-mini', choices=['v1.0-mini', 'v1.0-trainval'],
+                        help='nuScenes version: decides the table folder and the official scene names/splits '
+                        '(v1.0-mini has 8 train + 2 val scene names, v1.0-trainval 700 + 150)')
+    parser.add_argument('--scenes', type=int, default=10, help='total number of scenes')
+    parser.add_argument('--val-scenes', type=int, default=None,
+                        help='validation scenes among them (default: scenes // 5, at least 1 when scenes >= 2)')
+    parser.add_argument('--samples', type=int, default=10, help='key frames (2 Hz samples) per scene')
+    parser.add_argument('--sweeps', type=int, default=3, help='LiDAR sweeps (20 Hz) before each key frame, <= 9')
+    parser.add_argument('--objects', type=int, default=16,
+                        help='objects per scene (the first 10 cover each detection class once)')
+    parser.add_argument('--image-size', type=int, nargs=2, default=(800, 450), metavar=('W', 'H'),
+                        help='camera image size; nuScenes is 1600 900, intrinsics scale with the width')
+    parser.add_argument('--lidar-beams', type=int, default=32, help='LiDAR rings')
+    parser.add_argument('--lidar-azimuths', type=int, default=720, help='LiDAR rays per ring')
+    parser.add_argument('--seed', type=int, default=0, help='random seed (output is deterministic)')
+    parser.add_argument('--quiet', action='store_true', help='no per-scene progress lines')
+    return parser.parse_args(argv)
+
+
+def default_val_scenes(num_scenes: int) -> int:
+    """Validation scenes when not given: a fifth, at least one when there are two or more scenes."""
+    return max(1, num_scenes // 5) if num_scenes >= 2 else 0
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    val_scenes = default_val_scenes(args.scenes) if args.val_scenes is None else args.val_scenes
+    config = SyntheticConfig(root=args.root, version=args.version, num_scenes=args.scenes,
+                             num_val_scenes=val_scenes, samples_per_scene=args.samples,
+                             sweeps_per_sample=args.sweeps, seed=args.seed, image_size=tuple(args.image_size),
+                             objects_per_scene=args.objects, lidar_beams=args.lidar_beams,
+                             lidar_azimuths=args.lidar_azimuths)
+    start = time.time()
+    print(f'writing synthetic nuScenes {args.version} to {args.root}: {args.scenes} scenes '
+          f'({val_scenes} val) x {args.samples} samples, images {args.image_size[0]}x{args.image_size[1]}, '
+          f'seed {args.seed}')
+    totals = generate_synthetic_nuscenes(config, log=None if args.quiet else print)
+    print(f'done in {time.time() - start:.1f}s: {totals["scenes"]} scenes, {totals["samples"]} samples, '
+          f'{totals["annotations"]} annotations -> {osp.join(args.root, args.version)}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run the test suite inside the environment made by tools/setup_env.sh.
+# Extra arguments go to pytest (e.g. `bash tools/run_tests.sh tests/attention -x`).
+# Exits non-zero when a test fails, and also when no test was collected
+# (pytest's exit code 5), so a broken collection never looks green.
+set -uo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CMT_AQR_HOME="${CMT_AQR_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/cmt-aqr}"
+PY="${CMT_AQR_VENV:-$CMT_AQR_HOME/venv}/bin/python"
+[[ -x "$PY" ]] || { echo "no environment at $PY: run 'make setup' (bash tools/setup_env.sh) first" >&2; exit 1; }
+cd "$REPO_ROOT"
+start=$(date +%s)
+"$PY" -m pytest tests -q -ra --durations=15 "$@"
+rc=$?
+echo "test suite finished in $(( $(date +%s) - start ))s (pytest exit code $rc)"
+if [[ $rc -eq 5 ]]; then
+    echo "pytest collected no tests: treating that as a failure" >&2
+    exit 1
+fi
+exit $rc

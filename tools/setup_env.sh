@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Create (or reuse) the CMT-AQR Python environment from the project's own files.
+#
+#   bash tools/setup_env.sh            # set up, print the activation line
+#   CMT_AQR_HOME=/some/dir bash ...    # put the cache and the venv elsewhere
+#
+# What it does, in order (each step is named when it fails):
+#   1. a virtualenv at $CMT_AQR_HOME/venv (default ~/.cache/cmt-aqr/venv)
+#   2. torch 2.13.0 + torchvision 0.28.0 from PyPI (~2.8 GB the first time)
+#   3. mmcv-full 1.7.2 compiled from source with CPU ops (~12-17 minutes the
+#      first time on 2 cores); the wheel is cached in $CMT_AQR_HOME/wheels
+#   4. mmdet3d 1.0.0rc6 from its sdist with the `mmcv<=1.7.0` assertion relaxed
+#      to 1.7.2, rebuilt as a wheel and cached (see README "Why mmdet3d is patched")
+#   5. the pinned runtime and test requirements (requirements/*.txt)
+#   6. this project in editable mode, then an import check
+#
+# It is idempotent: a stamp file records a hash of the files that define the
+# environment; when nothing changed, a second run only re-links the project
+# (seconds).  Delete $CMT_AQR_HOME to start from scratch.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CMT_AQR_HOME="${CMT_AQR_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/cmt-aqr}"
+VENV="${CMT_AQR_VENV:-$CMT_AQR_HOME/venv}"
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION=2.13.0
+TORCHVISION_VERSION=0.28.0
+MMCV_VERSION=1.7.2
+MMDET3D_VERSION=1.0.0rc6
+
+STEP="start"
+START_TIME=$(date +%s)
+log() { printf '[setup %4ds] %s\n' "$(( $(date +%s) - START_TIME ))" "$*"; }
+fail() { log "FAILED in step: $STEP${1:+ ($1)}"; exit 1; }
+trap 'fail "exit code $?, line $LINENO"' ERR
+
+# pip must take torch from PyPI: the machine's pip configuration points
+# find-links at a local CPU-only torch that cannot load torchvision.  An empty
+# PIP_FIND_LINKS is ignored by pip; a single space overrides the config file.
+export PIP_FIND_LINKS=' '
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+mkdir -p "$CMT_AQR_HOME"
+exec 9>"$CMT_AQR_HOME/setup.lock"
+if ! flock -n 9; then
+    log "another setup is running (lock $CMT_AQR_HOME/setup.lock); waiting for it"
+    flock 9
+fi
+
+STEP="check python"
+"$PYTHON" - <<'EOF' || fail "need Python 3.11 (the cached mmcv wheel and the pinned stack are for 3.11); set PYTHON=/path/to/python3.11"
+import sys
+sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)
+EOF
+
+STAMP_FILE="$VENV/.cmt_aqr_stamp"
+STAMP="$(cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT"/requirements/*.txt | sha256sum | cut -c1-16)"
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip)
+
+install_project() {
+    STEP="install project (editable)"
+    log "linking this checkout ($REPO_ROOT) into the environment"
+    "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$REPO_ROOT"
+    STEP="import check"
+    (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
+from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")
+}
+
+if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP" ]]; then
+    log "environment $VENV is up to date (stamp $STAMP)"
+    install_project
+    log "done in $(( $(date +%s) - START_TIME ))s. Activate with: source $VENV/bin/activate"
+    exit 0
+fi
+
+STEP="create virtualenv"
+if [[ ! -x "$PY" ]]; then
+    log "creating virtualenv $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+rm -f "$STAMP_FILE"
+
+STEP="install torch"
+if "$PY" -c "import torch, torchvision, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' and torchvision.__version__.split('+')[0] == '$TORCHVISION_VERSION' else 1)" 2>/dev/null; then
+    log "torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION already installed"
+else
+    log "installing torch $TORCH_VERSION + torchvision $TORCHVISION_VERSION from PyPI (~2.8 GB the first time, ~2 min)"
+    "${PIP[@]}" install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+fi
+
+STEP="install build tools"
+# mmcv's and mmdet3d's setup.py need pkg_resources, gone from setuptools>=70.
+# pip then reports "torch requires setuptools>=77": harmless (README, "Known pip check conflicts").
+"${PIP[@]}" install -q "setuptools<70" wheel ninja packaging
+"$PY" -c "import pkg_resources" || fail "setuptools<70 did not install"
+
+PY_TAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+WHEELS="$CMT_AQR_HOME/wheels/$PY_TAG-torch$TORCH_VERSION"
+mkdir -p "$WHEELS"
+
+STEP="build mmcv-full $MMCV_VERSION"
+MMCV_WHEEL="$(ls "$WHEELS"/mmcv_full-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+if [[ -z "$MMCV_WHEEL" ]]; then
+    BUILD_LOG="$CMT_AQR_HOME/mmcv-build.log"
+    log "compiling mmcv-full $MMCV_VERSION with CPU ops: this takes ~12-17 minutes on 2 cores (log: $BUILD_LOG)"
+    BUILD_DIR="$(mktemp -d)"
+    MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+        "${PIP[@]}" wheel -v --no-build-isolation --no-deps -w "$BUILD_DIR" "mmcv-full==$MMCV_VERSION" >"$BUILD_LOG" 2>&1 &
+    BUILD_PID=$!
+    while kill -0 "$BUILD_PID" 2>/dev/null; do
+        sleep 60
+        kill -0 "$BUILD_PID" 2>/dev/null && log "  still compiling mmcv: $(grep -o '^\[[0-9]*/[0-9]*\]' "$BUILD_LOG" | tail -n1 || true) compile units done"
+    done
+    wait "$BUILD_PID" || { tail -n 40 "$BUILD_LOG"; fail "mmcv compilation failed, see $BUILD_LOG"; }
+    mv "$BUILD_DIR"/mmcv_full-*.whl "$WHEELS"/
+    rm -rf "$BUILD_DIR"
+    MMCV_WHEEL="$(ls "$WHEELS"/mmcv_full-$MMCV_VERSION-*.whl | head -n1)"
+    log "cached $MMCV_WHEEL"
+else
+    log "using cached mmcv wheel $MMCV_WHEEL"
+fi
+
+STEP="build patched mmdet3d $MMDET3D_VERSION"
+MMDET3D_WHEEL="$(ls "$WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+if [[ -z "$MMDET3D_WHEEL" ]]; then
+    log "building mmdet3d $MMDET3D_VERSION with its mmcv version assertion relaxed to $MMCV_VERSION"
+    SRC_DIR="$(mktemp -d)"
+    "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation -d "$SRC_DIR" "mmdet3d==$MMDET3D_VERSION"
+    tar -xzf "$SRC_DIR"/mmdet3d-*.tar.gz -C "$SRC_DIR"
+    INIT="$(ls "$SRC_DIR"/mmdet3d-*/mmdet3d/__init__.py)"
+    grep -q "mmcv_maximum_version = '1.7.0'" "$INIT" || fail "mmdet3d's version assertion is not where expected in $INIT"
+    sed -i "s/mmcv_maximum_version = '1.7.0'/mmcv_maximum_version = '$MMCV_VERSION'/" "$INIT"
+    "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$WHEELS" "$(dirname "$(dirname "$INIT")")"
+    rm -rf "$SRC_DIR"
+    MMDET3D_WHEEL="$(ls "$WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl | head -n1)"
+    log "cached $MMDET3D_WHEEL"
+else
+    log "using cached mmdet3d wheel $MMDET3D_WHEEL"
+fi
+
+STEP="install mmcv, mmdet3d and pinned requirements"
+log "installing mmcv-full, mmdet3d (--no-deps) and requirements/*.txt"
+"${PIP[@]}" install -q "$MMCV_WHEEL" -r "$REPO_ROOT/requirements/runtime.txt" -r "$REPO_ROOT/requirements/tests.txt"
+"${PIP[@]}" install -q --no-deps "$MMDET3D_WHEEL" "mmsegmentation==0.30.0" "lyft-dataset-sdk==0.0.8"
+# Two cv2 distributions must agree, or they overwrite each other's files.
+"${PIP[@]}" install -q --force-reinstall --no-deps "opencv-python-headless==4.11.0.86" "opencv-python==4.11.0.86"
+"$PY" -c "import numpy, cv2; assert numpy.__version__.startswith('1.'), numpy.__version__; print('numpy', numpy.__version__, 'cv2', cv2.__version__)" \
+    || fail "numpy<2 / opencv<4.12 pins were not honoured"
+
+install_project
+echo "$STAMP" >"$STAMP_FILE"
+log "environment ready in $(( $(date +%s) - START_TIME ))s. Activate with: source $VENV/bin/activate"
