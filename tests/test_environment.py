@@ -30,6 +30,8 @@ def test_mmcv_voxelization_runs_on_cpu():
 
 
 def test_sparse_encoder_forward_backward_on_cpu():
+    """mmdet3d's SparseEncoder through spconv 2, with the plugin's CPU stream fix applied on import."""
+    import projects.mmdet3d_plugin  # noqa: F401
     from mmdet3d.models.middle_encoders import SparseEncoder
 
     encoder = SparseEncoder(

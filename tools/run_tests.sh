@@ -10,7 +10,12 @@ PY="${CMT_AQR_VENV:-$CMT_AQR_HOME/venv}/bin/python"
 [[ -x "$PY" ]] || { echo "no environment at $PY: run 'make setup' (bash tools/setup_env.sh) first" >&2; exit 1; }
 cd "$REPO_ROOT"
 start=$(date +%s)
-"$PY" -m pytest tests -q -ra --durations=15 "$@"
+# The whole suite unless a test path is given (e.g. tests/attention or tests/x.py::test_y).
+paths=(tests)
+for arg in "$@"; do
+    [[ "$arg" == tests* ]] && paths=()
+done
+"$PY" -m pytest "${paths[@]}" -q -ra --durations=15 "$@"
 rc=$?
 echo "test suite finished in $(( $(date +%s) - start ))s (pytest exit code $rc)"
 if [[ $rc -eq 5 ]]; then

@@ -10,7 +10,8 @@
 #   3. mmcv-full 1.7.2 compiled from source with CPU ops (~12-17 minutes the
 #      first time on 2 cores); the wheel is cached in $CMT_AQR_HOME/wheels
 #   4. mmdet3d 1.0.0rc6 from its sdist with the `mmcv<=1.7.0` assertion relaxed
-#      to 1.7.2, rebuilt as a wheel and cached (see README "Why mmdet3d is patched")
+#      to 1.7.2 and numpy's removed aliases (np.bool, ...) replaced, rebuilt as
+#      a wheel and cached (see README "Why mmdet3d is patched")
 #   5. the pinned runtime and test requirements (requirements/*.txt)
 #   6. this project in editable mode, then an import check
 #
@@ -110,7 +111,7 @@ if [[ -z "$MMCV_WHEEL" ]]; then
     BUILD_PID=$!
     while kill -0 "$BUILD_PID" 2>/dev/null; do
         sleep 60
-        kill -0 "$BUILD_PID" 2>/dev/null && log "  still compiling mmcv: $(grep -o '^\[[0-9]*/[0-9]*\]' "$BUILD_LOG" | tail -n1 || true) compile units done"
+        kill -0 "$BUILD_PID" 2>/dev/null && log "  still compiling mmcv: $(grep -o '\[[0-9]*/[0-9]*\]' "$BUILD_LOG" | tail -n1 || true) compile units done"
     done
     wait "$BUILD_PID" || { tail -n 40 "$BUILD_LOG"; fail "mmcv compilation failed, see $BUILD_LOG"; }
     mv "$BUILD_DIR"/mmcv_full-*.whl "$WHEELS"/
@@ -122,18 +123,32 @@ else
 fi
 
 STEP="build patched mmdet3d $MMDET3D_VERSION"
-MMDET3D_WHEEL="$(ls "$WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+# Bump MMDET3D_PATCH when the patch below changes: it names the cache folder of the patched wheel.
+MMDET3D_PATCH=2
+MMDET3D_WHEELS="$WHEELS/mmdet3d-patch$MMDET3D_PATCH"
+mkdir -p "$MMDET3D_WHEELS"
+MMDET3D_WHEEL="$(ls "$MMDET3D_WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl 2>/dev/null | head -n1 || true)"
 if [[ -z "$MMDET3D_WHEEL" ]]; then
-    log "building mmdet3d $MMDET3D_VERSION with its mmcv version assertion relaxed to $MMCV_VERSION"
+    log "building mmdet3d $MMDET3D_VERSION: mmcv version assertion relaxed to $MMCV_VERSION, numpy>=1.24 aliases fixed"
     SRC_DIR="$(mktemp -d)"
     "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation -d "$SRC_DIR" "mmdet3d==$MMDET3D_VERSION"
     tar -xzf "$SRC_DIR"/mmdet3d-*.tar.gz -C "$SRC_DIR"
     INIT="$(ls "$SRC_DIR"/mmdet3d-*/mmdet3d/__init__.py)"
+    PKG_DIR="$(dirname "$INIT")"
     grep -q "mmcv_maximum_version = '1.7.0'" "$INIT" || fail "mmdet3d's version assertion is not where expected in $INIT"
     sed -i "s/mmcv_maximum_version = '1.7.0'/mmcv_maximum_version = '$MMCV_VERSION'/" "$INIT"
-    "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$WHEELS" "$(dirname "$(dirname "$INIT")")"
+    # numpy 1.24 removed the aliases np.bool/np.int/np.float/np.long/np.object that mmdet3d still uses
+    # (e.g. ObjectRangeFilter's `mask.astype(np.bool)`); numpy<2 is pinned for nuscenes-devkit.
+    find "$PKG_DIR" -name '*.py' -print0 | xargs -0 sed -i -E \
+        -e 's/\bnp\.bool\b([^_]|$)/np.bool_\1/g' -e 's/\bnp\.int\b([^_0-9]|$)/np.int_\1/g' \
+        -e 's/\bnp\.float\b([^_0-9]|$)/np.float64\1/g' -e 's/\bnp\.long\b([^_]|$)/np.int64\1/g' \
+        -e 's/\bnp\.object\b([^_]|$)/np.object_\1/g'
+    if grep -rn -E '\bnp\.(bool|int|float|long|object)\b([^_0-9]|$)' "$PKG_DIR" --include='*.py'; then
+        fail "removed numpy aliases are left in mmdet3d (listed above)"
+    fi
+    "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$MMDET3D_WHEELS" "$(dirname "$PKG_DIR")"
     rm -rf "$SRC_DIR"
-    MMDET3D_WHEEL="$(ls "$WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl | head -n1)"
+    MMDET3D_WHEEL="$(ls "$MMDET3D_WHEELS"/mmdet3d-$MMDET3D_VERSION-*.whl | head -n1)"
     log "cached $MMDET3D_WHEEL"
 else
     log "using cached mmdet3d wheel $MMDET3D_WHEEL"
@@ -142,7 +157,9 @@ fi
 STEP="install mmcv, mmdet3d and pinned requirements"
 log "installing mmcv-full, mmdet3d (--no-deps) and requirements/*.txt"
 "${PIP[@]}" install -q "$MMCV_WHEEL" -r "$REPO_ROOT/requirements/runtime.txt" -r "$REPO_ROOT/requirements/tests.txt"
-"${PIP[@]}" install -q --no-deps "$MMDET3D_WHEEL" "mmsegmentation==0.30.0" "lyft-dataset-sdk==0.0.8"
+"${PIP[@]}" install -q --no-deps "mmsegmentation==0.30.0" "lyft-dataset-sdk==0.0.8"
+# the patched wheel keeps mmdet3d's version number: force it over an older patch level
+"${PIP[@]}" install -q --no-deps --force-reinstall "$MMDET3D_WHEEL"
 # Two cv2 distributions must agree, or they overwrite each other's files.
 "${PIP[@]}" install -q --force-reinstall --no-deps "opencv-python-headless==4.11.0.86" "opencv-python==4.11.0.86"
 "$PY" -c "import numpy, cv2; assert numpy.__version__.startswith('1.'), numpy.__version__; print('numpy', numpy.__version__, 'cv2', cv2.__version__)" \

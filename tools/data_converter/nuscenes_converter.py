@@ -20,6 +20,7 @@ sensor2ego_rotation, ego2global_translation, ego2global_rotation, timestamp,
 sensor2lidar_rotation [3, 3], sensor2lidar_translation [3]`` (``p_lidar = R @ p + T``),
 cameras also ``cam_intrinsic [3, 3]``. The file holds ``dict(infos=[...], metadata=dict(version=...))``.
 """
+import os
 import os.path as osp
 import pickle
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -58,6 +59,12 @@ def require_file(path: str, what: str) -> str:
     if not osp.isfile(path):
         raise FileNotFoundError(f'missing {what}: {path}')
     return path
+
+
+def report_progress(done: int, total: int, what: str, verbose: bool = True) -> None:
+    """Print ``what: done/total`` about ten times over a run (and at its end)."""
+    if verbose and (done == total or done % max(1, total // 10) == 0):
+        print(f'  {what}: {done}/{total} samples', flush=True)
 
 
 def split_scene_tokens(nusc, version: str) -> Tuple[Set[str], Set[str]]:
@@ -199,8 +206,8 @@ def create_nuscenes_infos(root_path: str, out_dir: str, info_prefix: str = 'nusc
             infos['train'].append(info)
         elif sample['scene_token'] in val_scenes:
             infos['val'].append(info)
-        if verbose and ((index + 1) % 100 == 0 or index + 1 == len(nusc.sample)):
-            print(f'  infos: {index + 1}/{len(nusc.sample)} samples')
+        report_progress(index + 1, len(nusc.sample), 'infos', verbose)
+    os.makedirs(out_dir, exist_ok=True)
     paths = info_file_paths(out_dir, info_prefix, version)
     for split, path in paths.items():
         with open(path, 'wb') as f:

@@ -64,6 +64,42 @@ def project_points(points: np.ndarray, lidar2img: np.ndarray) -> Tuple[np.ndarra
     return projected[:, :2] / safe[:, None], depth
 
 
+def box_image_rects(corners: np.ndarray, lidar2img: np.ndarray, image_hw: Tuple[int, int],
+                    min_size: int = 2) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pixel rectangles covered by the projections of 3D boxes in one camera.
+
+    Args:
+        corners: ``[M, 8, 3]`` box corners in the LiDAR frame.
+        lidar2img: ``[4, 4]`` projection of the camera.
+        image_hw: image ``(height, width)``.
+        min_size: rectangles narrower or lower than this many pixels (after
+            clipping to the image) count as not visible.
+
+    Returns:
+        tuple: ``rects [M, 4]`` int64 ``(x1, y1, x2, y2)`` clipped to the image
+        with exclusive ends (``img[y1:y2, x1:x2]`` is the covered region),
+        ``depth [M]`` the mean corner depth, and ``visible [M]`` bool: every
+        corner in front of the camera and the clipped rectangle at least
+        ``min_size`` pixels wide and high.
+    """
+    corners = np.asarray(corners, dtype=np.float64).reshape(-1, 8, 3)
+    num_boxes = corners.shape[0]
+    height, width = image_hw
+    pixels, depth = project_points(corners.reshape(-1, 3), lidar2img)
+    pixels = pixels.reshape(num_boxes, 8, 2)
+    depth = depth.reshape(num_boxes, 8)
+    in_front = (depth > 0).all(axis=1)
+    # Pixel j covers u in [j - 0.5, j + 0.5): round the extremes to pixel indices.
+    lower = np.floor(pixels.min(axis=1) + 0.5)
+    upper = np.floor(pixels.max(axis=1) + 0.5) + 1
+    limits = np.array([width, height], dtype=np.float64)
+    lower = np.clip(np.nan_to_num(lower), 0, limits)
+    upper = np.clip(np.nan_to_num(upper), 0, limits)
+    rects = np.concatenate([lower, upper], axis=1).astype(np.int64)
+    visible = in_front & ((rects[:, 2:] - rects[:, :2]) >= min_size).all(axis=1)
+    return rects, depth.mean(axis=1), visible
+
+
 def image_affine(scale_xy: Tuple[float, float], crop_xy: Tuple[float, float], flip: bool, rotate_deg: float,
                  out_size_wh: Tuple[int, int]) -> np.ndarray:
     """``[3, 3]`` pixel affine of resize -> crop -> horizontal flip -> rotation (about the output centre).
@@ -118,4 +154,5 @@ def compose_lidar2img(cam_intrinsics: Sequence[np.ndarray], lidar2cams: Sequence
     """``lidar2img`` per view: ``cam_intrinsic[v] @ lidar2cam[v]``."""
     if len(cam_intrinsics) != len(lidar2cams):
         raise ValueError(f'{len(cam_intrinsics)} intrinsics for {len(lidar2cams)} extrinsics')
-    return [np.asarray(k, dtype=np.float64) @ np.asarray(e, dtype=np.float64) for k, e in zip(cam_intrinsics, lidar2cams)]
+    return [np.asarray(k, dtype=np.float64) @ np.asarray(e, dtype=np.float64)
+            for k, e in zip(cam_intrinsics, lidar2cams)]

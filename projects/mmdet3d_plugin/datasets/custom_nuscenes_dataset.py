@@ -21,16 +21,30 @@ upstream CMT / mmdet3d format) -- the keys read here:
     * ``ego2global_*`` / ``lidar2ego_*`` are used by the nuScenes evaluation.
 
 ``get_data_info`` adds, per camera in the order of ``cams``:
-``img_filename``, ``img_timestamp`` (s), ``lidar2cam`` ``[4, 4]``,
+``camera_names`` (the ``cams`` keys, used by ``UnifiedObjectSample`` to pick
+each view's image patch), ``img_filename``, ``img_timestamp`` (s),
+``lidar2cam`` ``[4, 4]``,
 ``cam_intrinsic`` ``[4, 4]``, ``lidar2img = cam_intrinsic @ lidar2cam``
 ``[4, 4]``, and ``intrinsics`` / ``extrinsics``, which are the *same list
 objects* as ``cam_intrinsic`` / ``lidar2cam`` (so pipeline updates show in
-both names).
+both names). It raises ``FileNotFoundError`` naming the sample and the file
+when the LiDAR file (with ``use_lidar``) or a camera image (with
+``use_camera``) is missing.
+
+Evaluation (``evaluate``, inherited from mmdet3d's ``NuScenesDataset``) runs
+the official devkit's ``DetectionEval`` and needs: ``data_root`` = the
+nuScenes root holding the ``<version>/`` tables the infos were made from
+(the version is read from the info file's ``metadata.version``, and its
+validation split -- ``val`` or ``mini_val`` -- is evaluated), ``classes``
+(the 10 detection classes by default), ``eval_version``
+(``'detection_cvpr_2019'`` by default) and the ``ego2global_*`` /
+``lidar2ego_*`` keys of every info.
 """
 import os.path as osp
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional, Union
 
 import mmcv
+from mmcv.utils import print_log
 from mmdet.datasets import DATASETS
 from mmdet3d.datasets import NuScenesDataset
 
@@ -51,22 +65,28 @@ class CustomNuScenesDataset(NuScenesDataset):
         **kwargs: the arguments of mmdet3d's ``NuScenesDataset``.
     """
 
-    def __init__(self, *args, version: Optional[str] = None, **kwargs) -> None:
+    def __init__(self, ann_file: str, *args, version: Optional[str] = None, **kwargs) -> None:
+        if not osp.isfile(ann_file):
+            raise FileNotFoundError(f'nuScenes info file not found: {ann_file} (create it with '
+                                    f'tools/create_data.py nuscenes)')
         self.expected_version = version
-        super().__init__(*args, **kwargs)
+        super().__init__(ann_file, *args, **kwargs)
+        if self.data_root is not None and not osp.isdir(self.data_root):
+            raise FileNotFoundError(f'nuScenes data root not found: {self.data_root}')
 
-    def load_annotations(self, ann_file: str) -> List[Dict]:
+    def load_annotations(self, ann_file: Union[str, IO[bytes]]) -> List[Dict]:
         """Load and check the info pickle; sets ``self.metadata`` and ``self.version``.
 
+        Args:
+            ann_file: the path, or the open file mmdet3d's ``Custom3DDataset`` passes.
+
         Raises:
-            FileNotFoundError: ``ann_file`` does not exist.
             KeyError: the file lacks ``infos`` / ``metadata.version`` or an info
                 lacks a required key.
             ValueError: ``metadata.version`` differs from the configured ``version``.
         """
-        if not osp.isfile(ann_file):
-            raise FileNotFoundError(f'nuScenes info file not found: {ann_file}')
         data = mmcv.load(ann_file, file_format='pkl')
+        ann_file = self.ann_file
         if not isinstance(data, dict) or 'infos' not in data or 'version' not in data.get('metadata', {}):
             raise KeyError(f'{ann_file} is not a CMT/mmdet3d nuScenes info file: it needs "infos" and '
                            f'"metadata.version"')
@@ -106,6 +126,7 @@ class CustomNuScenesDataset(NuScenesDataset):
             unless in test mode.
         """
         info = self.data_infos[index]
+        self._check_files(info)
         input_dict = dict(
             sample_idx=info['token'],
             pts_filename=info['lidar_path'],
@@ -118,6 +139,41 @@ class CustomNuScenesDataset(NuScenesDataset):
             input_dict['ann_info'] = self.get_ann_info(index)
         return input_dict
 
+    def _check_files(self, info: Dict) -> None:
+        files = [(info['lidar_path'], 'LiDAR file')] if self.modality.get('use_lidar', False) else []
+        if self.modality.get('use_camera', False):
+            files += [(cam_info['data_path'], f'{name} image') for name, cam_info in info['cams'].items()]
+        for path, what in files:
+            if not osp.isfile(path):
+                raise FileNotFoundError(f'sample {info["token"]}: {what} not found: {path}')
+
+    def _evaluate_single(self, result_path: str, logger=None, metric: str = 'bbox',
+                         result_name: str = 'pts_bbox') -> Dict[str, float]:
+        """mmdet3d's devkit evaluation, after checking that the tables it loads exist."""
+        table_dir = osp.join(self.data_root or '', self.version)
+        if not osp.isdir(table_dir):
+            raise FileNotFoundError(f'nuScenes evaluation needs the {self.version} tables at {table_dir}: set the '
+                                    f'dataset data_root to the nuScenes root the infos were made from')
+        if not any(mmcv.load(result_path)['results'].values()):
+            return self._no_detection_metrics(result_name, logger)
+        return super()._evaluate_single(result_path, logger=logger, metric=metric, result_name=result_name)
+
+    def _no_detection_metrics(self, result_name: str, logger=None) -> Dict[str, float]:
+        """The metrics of a detector that outputs no box at all: every AP 0, every TP error 1, mAP = NDS = 0.
+
+        The devkit's ``DetectionEval`` cannot load a result file without boxes
+        (it raises ``Invalid box type: None``), so they are filled in here
+        with the values it assigns to a class without predictions.
+        """
+        print_log('nuScenes evaluation: the results hold no box at all; reporting mAP = NDS = 0', logger=logger)
+        prefix = f'{result_name}_NuScenes'
+        metrics = {f'{prefix}/{name}_AP_dist_{dist}': 0.0
+                   for name in self.CLASSES for dist in self.eval_detection_configs.dist_ths}
+        metrics.update({f'{prefix}/{name}_{error}': 1.0 for name in self.CLASSES for error in self.ErrNameMapping})
+        metrics.update({f'{prefix}/{short}': 1.0 for short in self.ErrNameMapping.values()})
+        metrics.update({f'{prefix}/NDS': 0.0, f'{prefix}/mAP': 0.0})
+        return metrics
+
     @staticmethod
     def _camera_inputs(info: Dict) -> Dict:
         filenames, timestamps, lidar2cams, intrinsics = [], [], [], []
@@ -128,6 +184,7 @@ class CustomNuScenesDataset(NuScenesDataset):
                                                           cam_info['sensor2lidar_translation']))
             intrinsics.append(pad_intrinsic(cam_info['cam_intrinsic']))
         return dict(
+            camera_names=list(info['cams']),
             img_filename=filenames,
             img_timestamp=timestamps,
             lidar2cam=lidar2cams,

@@ -103,11 +103,11 @@ def render_image(intrinsic: np.ndarray, global2cam: np.ndarray, corners: Sequenc
         np.ndarray: ``[height, width, 3]`` uint8 BGR image.
     """
     horizon = int(round(intrinsic[1, 2]))
-    rows = np.arange(height, dtype=np.float64)[:, None, None]
+    rows = np.arange(height, dtype=np.float64)[:, None]
     sky = _SKY_BGR * (0.8 + 0.2 * rows / max(horizon, 1))
     ground = _GROUND_BGR * (0.8 + 0.2 * (height - rows) / max(height - horizon, 1))
-    img = np.where(rows < horizon, sky, ground) * np.ones((1, width, 1))
-    img = np.ascontiguousarray(img.clip(0, 255).astype(np.uint8))
+    row_colours = np.where(rows < horizon, sky, ground).clip(0, 255).astype(np.uint8)  # [height, 3]
+    img = np.ascontiguousarray(np.broadcast_to(row_colours[:, None, :], (height, width, 3)))
 
     cam_corners = [c @ global2cam[:3, :3].T + global2cam[:3, 3] for c in corners]
     order = np.argsort([-np.linalg.norm(c.mean(axis=0)) for c in cam_corners])

@@ -210,8 +210,8 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
     """Place up to ``num_objects`` non-overlapping objects that stay within ``max_abs_xy`` of the ego.
 
     The first ``len(DETECTION_CLASSES)`` objects take one class each, spread evenly in
-    azimuth at moderate distance, so every scene contains every class with LiDAR points;
-    the rest have random classes, positions and distances.
+    azimuth at moderate distance (or, if that sector is blocked, anywhere), so every scene
+    contains every class; the rest have random classes, positions and distances.
 
     Args:
         rng: random generator (the only source of randomness).
@@ -219,7 +219,8 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
         times: every frame time in seconds (key frames and sweeps) at which the layout must be valid.
         num_objects: wanted number of objects; fewer are returned if no free spot is found.
         max_abs_xy: bound on |x| and |y| of every object centre in the ego frame, in metres.
-        max_tries: proposals per object before giving up on it.
+        max_tries: proposals per object before giving up on it (twice as many for the
+            guaranteed classes).
 
     Returns:
         list[SceneObject]: the placed objects.
@@ -232,8 +233,10 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
     for index in range(num_objects):
         guaranteed = index < num_classes
         class_name = DETECTION_CLASSES[index] if guaranteed else DETECTION_CLASSES[int(rng.integers(num_classes))]
-        for _ in range(max_tries):
-            if guaranteed:
+        # A guaranteed class first tries its own azimuth sector nearby, then anywhere (a long trailer can find
+        # its sector blocked by the bus next to it); the other objects go anywhere from the start.
+        for attempt in range(2 * max_tries if guaranteed else max_tries):
+            if guaranteed and attempt < max_tries:
                 azimuth = 2 * np.pi * index / num_classes + rng.uniform(-0.2, 0.2)
                 obj = _propose_object(class_name, rng, ego, t_ref, azimuth, 6.0, 20.0)
             else:

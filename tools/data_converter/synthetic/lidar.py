@@ -79,6 +79,9 @@ def _ray_box_entry(origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, lwh
                    yaw: float) -> np.ndarray:
     """Distance along each ray to where it enters the box, ``inf`` when it misses (slab test).
 
+    Only the rays that pass within the box's bounding sphere are slab-tested: a scan has tens
+    of thousands of rays and a box subtends a few degrees of them.
+
     Args:
         origin: ``[3]`` ray origin (outside the box).
         dirs: ``[R, 3]`` unit directions.
@@ -86,10 +89,17 @@ def _ray_box_entry(origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, lwh
     Returns:
         np.ndarray: ``[R]`` entry distances.
     """
+    entry = np.full(dirs.shape[0], np.inf)
+    to_center = center - origin
+    along = dirs @ to_center
+    radius_sq = float(np.sum((lwh / 2.0) ** 2))
+    near = np.nonzero((along > 0) & (to_center @ to_center - along ** 2 < radius_sq))[0]
+    if near.size == 0:
+        return entry
     c, s = np.cos(yaw), np.sin(yaw)
     to_local = np.array([[c, s, 0.0], [-s, c, 0.0], [0.0, 0.0, 1.0]])
     o = to_local @ (origin - center)
-    d = dirs @ to_local.T
+    d = dirs[near] @ to_local.T
     half = lwh / 2.0
     with np.errstate(divide='ignore', invalid='ignore'):
         t1 = (-half - o) / d
@@ -97,7 +107,8 @@ def _ray_box_entry(origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, lwh
     t_near = np.nanmax(np.minimum(t1, t2), axis=1)
     t_far = np.nanmin(np.maximum(t1, t2), axis=1)
     hit = (t_near <= t_far) & (t_near > 0)
-    return np.where(hit, t_near, np.inf)
+    entry[near] = np.where(hit, t_near, np.inf)
+    return entry
 
 
 def cast_scan(origin: np.ndarray, dirs: np.ndarray, ring: np.ndarray, boxes: BoxSet, max_range: float,

@@ -1,0 +1,4 @@
+"""Detectors."""
+from .cmt import CmtDetector
+
+__all__ = ['CmtDetector']

@@ -3,11 +3,11 @@ from .cmt_transformer import CmtImageTransformer, CmtLidarTransformer, CmtTransf
 from .grid_mask import GridMask
 from .group_layer_norm import GroupLayerNorm1d
 from .petr_attention import PETRMultiheadAttention, PETRMultiheadFlashAttention
-from .petr_transformer import PETRTransformerDecoder, PETRTransformerDecoderLayer
+from .petr_transformer import PerLayer, PETRTransformerDecoder, PETRTransformerDecoderLayer
 from .spconv_voxelize import SPConvVoxelization
 
 __all__ = [
     'CmtTransformer', 'CmtLidarTransformer', 'CmtImageTransformer', 'GridMask', 'GroupLayerNorm1d',
     'PETRMultiheadAttention', 'PETRMultiheadFlashAttention', 'PETRTransformerDecoder',
-    'PETRTransformerDecoderLayer', 'SPConvVoxelization'
+    'PETRTransformerDecoderLayer', 'PerLayer', 'SPConvVoxelization'
 ]

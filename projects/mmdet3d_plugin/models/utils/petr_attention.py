@@ -10,7 +10,6 @@
   flash-attn) and applies the mask or bias it is given, or raises.
   Upstream CMT's version silently dropped ``attn_mask``; this one never does.
 """
-import warnings
 from typing import Optional
 
 import torch
@@ -167,8 +166,13 @@ class PETRMultiheadFlashAttention(BaseModule):
         bias (bool): learn the projection biases. Upstream CMT configs always
             got them (they passed the dropout rate into this argument), so
             checkpoints have ``in_proj_bias`` and ``out_proj.bias``.
-        dropout (float, deprecated): as in mmcv, sets ``attn_drop`` and the
-            residual dropout.
+        dropout (float, optional): upstream CMT's config key
+            (``dropout=0.1``). It sets the *residual* dropout only
+            (``dropout_layer``) and leaves ``attn_drop`` as given (default 0):
+            upstream forwarded the value into its flash module's ``bias``
+            argument, so the published models were trained with no dropout on
+            the cross-attention probabilities and 0.1 on the residual branch.
+            Keeping ``attn_drop = 0`` also lets the fast attention kernels run.
     """
 
     def __init__(self,
@@ -181,15 +185,10 @@ class PETRMultiheadFlashAttention(BaseModule):
                  batch_first: bool = False,
                  backend: str = 'auto',
                  bias: bool = True,
-                 **kwargs) -> None:
+                 dropout: Optional[float] = None) -> None:
         super().__init__(init_cfg)
-        if 'dropout' in kwargs:
-            warnings.warn('The argument `dropout` of PETRMultiheadFlashAttention is deprecated; set `attn_drop`, '
-                          '`proj_drop` and `dropout_layer` instead', DeprecationWarning)
-            attn_drop = kwargs['dropout']
-            dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=kwargs.pop('dropout'))
-        if kwargs:
-            raise TypeError(f'PETRMultiheadFlashAttention got unexpected arguments: {sorted(kwargs)}')
+        if dropout is not None:
+            dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=dropout)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.batch_first = batch_first

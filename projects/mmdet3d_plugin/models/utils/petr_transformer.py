@@ -18,6 +18,28 @@ from torch.utils.checkpoint import checkpoint
 _CMT_OPERATIONS = {'self_attn', 'norm', 'cross_attn', 'ffn'}
 
 
+class PerLayer(tuple):
+    """One value per decoder layer, e.g. a cross-attention bias with a learned scale per layer.
+
+    Put it in ``attn_masks``; :class:`PETRTransformerDecoder` hands layer ``i``
+    element ``i`` (it raises if the length differs from the number of layers).
+    """
+
+
+def _layer_masks(attn_masks, layer: int, num_layers: int):
+    """``attn_masks`` as layer ``layer`` sees it: every :class:`PerLayer` entry replaced by its element."""
+    if attn_masks is None or isinstance(attn_masks, torch.Tensor):
+        return attn_masks
+    masks = []
+    for mask in attn_masks:
+        if isinstance(mask, PerLayer):
+            if len(mask) != num_layers:
+                raise ValueError(f'a PerLayer attention mask has {len(mask)} entries for {num_layers} decoder layers')
+            mask = mask[layer]
+        masks.append(mask)
+    return masks
+
+
 @TRANSFORMER_LAYER_SEQUENCE.register_module()
 class PETRTransformerDecoder(TransformerLayerSequence):
     """A stack of decoder layers with a final LayerNorm.
@@ -47,15 +69,17 @@ class PETRTransformerDecoder(TransformerLayerSequence):
         Args:
             query (Tensor): ``[Q, bs, C]``.
             *args, **kwargs: passed to every layer (``key``, ``value``,
-                ``query_pos``, ``key_pos``, ``attn_masks``, ...).
+                ``query_pos``, ``key_pos``, ``attn_masks``, ...); a
+                :class:`PerLayer` entry of ``attn_masks`` gives each layer its own mask.
 
         Returns:
             Tensor: ``[num_layers, Q, bs, C]`` if ``return_intermediate``, else
             ``[1, Q, bs, C]``.
         """
         outputs = []
-        for layer in self.layers:
-            query = layer(query, *args, **kwargs)
+        attn_masks = kwargs.pop('attn_masks', None)
+        for index, layer in enumerate(self.layers):
+            query = layer(query, *args, attn_masks=_layer_masks(attn_masks, index, self.num_layers), **kwargs)
             if self.return_intermediate:
                 outputs.append(self._normed(query))
         if not self.return_intermediate:

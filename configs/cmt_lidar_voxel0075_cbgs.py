@@ -1,0 +1,87 @@
+# CMT LiDAR-only, voxel 0.075, CBGS, 20 epochs. Published nuScenes val: 62.1 mAP / 68.6 NDS.
+_base_ = [
+    './_base_/datasets/nus-3d-cmt.py',
+    './_base_/models/cmt_fusion_voxel0075_vov.py',
+    './_base_/schedules/cmt_cyclic_20e.py',
+    './_base_/default_runtime.py',
+]
+plugin = True
+plugin_dir = 'projects/mmdet3d_plugin/'
+
+point_cloud_range = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]
+class_names = [
+    'car', 'truck', 'construction_vehicle', 'bus', 'trailer', 'barrier', 'motorcycle', 'bicycle', 'pedestrian',
+    'traffic_cone'
+]
+data_root = 'data/nuscenes/'
+input_modality = dict(use_lidar=True, use_camera=False, use_radar=False, use_map=False, use_external=False)
+meta_keys = ('filename', 'ori_shape', 'img_shape', 'lidar2img', 'depth2img', 'cam2img', 'pad_shape', 'scale_factor',
+             'flip', 'pcd_horizontal_flip', 'pcd_vertical_flip', 'box_mode_3d', 'box_type_3d', 'img_norm_cfg',
+             'pcd_trans', 'sample_idx', 'pcd_scale_factor', 'pcd_rotation', 'pts_filename',
+             'transformation_3d_flow', 'rot_degree')
+points_loader = dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=5, use_dim=[0, 1, 2, 3, 4])
+train_pipeline = [
+    points_loader,
+    dict(type='LoadPointsFromMultiSweeps', sweeps_num=10, use_dim=[0, 1, 2, 3, 4]),
+    dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True),
+    dict(
+        type='ObjectSample',
+        db_sampler=dict(
+            data_root=data_root,  # the database paths in the dbinfos are relative to the data root
+            info_path=data_root + 'nuscenes_dbinfos_train.pkl',
+            rate=1.0,
+            prepare=dict(
+                filter_by_difficulty=[-1],
+                filter_by_min_points=dict(
+                    car=5, truck=5, bus=5, trailer=5, construction_vehicle=5, traffic_cone=5, barrier=5,
+                    motorcycle=5, bicycle=5, pedestrian=5)),
+            classes=class_names,
+            sample_groups=dict(
+                car=2, truck=3, construction_vehicle=7, bus=4, trailer=6, barrier=2, motorcycle=6, bicycle=6,
+                pedestrian=2, traffic_cone=2),
+            points_loader=points_loader)),
+    dict(
+        type='GlobalRotScaleTrans',
+        rot_range=[-0.3925 * 2, 0.3925 * 2],
+        scale_ratio_range=[0.9, 1.1],
+        translation_std=[0.5, 0.5, 0.5]),
+    dict(type='RandomFlip3D', sync_2d=False, flip_ratio_bev_horizontal=0.5, flip_ratio_bev_vertical=0.5),
+    dict(type='PointsRangeFilter', point_cloud_range=point_cloud_range),
+    dict(type='ObjectRangeFilter', point_cloud_range=point_cloud_range),
+    dict(type='ObjectNameFilter', classes=class_names),
+    dict(type='PointShuffle'),
+    dict(type='DefaultFormatBundle3D', class_names=class_names),
+    dict(type='Collect3D', keys=['points', 'gt_bboxes_3d', 'gt_labels_3d'], meta_keys=meta_keys),
+]
+test_pipeline = [
+    points_loader,
+    dict(type='LoadPointsFromMultiSweeps', sweeps_num=10, use_dim=[0, 1, 2, 3, 4]),
+    dict(
+        type='MultiScaleFlipAug3D',
+        img_scale=(1333, 800),
+        pts_scale_ratio=1,
+        flip=False,
+        transforms=[
+            dict(type='GlobalRotScaleTrans', rot_range=[0, 0], scale_ratio_range=[1.0, 1.0],
+                 translation_std=[0, 0, 0]),
+            dict(type='RandomFlip3D'),
+            dict(type='DefaultFormatBundle3D', class_names=class_names, with_label=False),
+            dict(type='Collect3D', keys=['points'], meta_keys=meta_keys),
+        ]),
+]
+data = dict(
+    train=dict(dataset=dict(pipeline=train_pipeline, modality=input_modality)),
+    val=dict(pipeline=test_pipeline, modality=input_modality),
+    test=dict(pipeline=test_pipeline, modality=input_modality))
+model = dict(
+    use_grid_mask=False,
+    img_backbone=None,
+    img_neck=None,
+    pts_bbox_head=dict(
+        type='CmtLidarHead',
+        separate_head=dict(final_kernel=3),
+        transformer=dict(
+            type='CmtLidarTransformer',
+            # upstream's LiDAR-only config keeps the decoder layer's default with_cp=True
+            decoder=dict(transformerlayers=dict(with_cp=True)))))
+lr_config = dict(target_ratio=(6, 0.0001))

@@ -1,0 +1,181 @@
+"""One entry point for biased multi-head attention: :func:`apply_attention`.
+
+``backend='auto'`` takes the first backend of a per-device preference list
+that can apply the given bias exactly and logs, once per kind of call, which
+one runs and why (logger ``'mmdet'``, so it lands in mmdet's log). An
+explicitly named backend that cannot apply the call raises
+:class:`~.backends.UnsupportedAttentionError` listing the reasons.
+
+Preference (fastest exact first):
+
+* no bias or only dense masks: CUDA ``flash_attn`` (no mask), ``sdpa``;
+  CPU ``sdpa``;
+* structured bias on CPU: ``segment`` (segment and window biases), then
+  ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
+* structured bias on CUDA: with a window bias ``flex`` (compiled), then
+  ``segment``; otherwise ``segment``, ``flashbias``, ``flex``; then ``sdpa``.
+
+``math`` (the fp32 reference) ends every list.
+"""
+import logging
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .backends import BACKENDS, AttentionCall
+from .bias import AttentionBias, BiasPart, DenseBias, WindowBias, as_attention_bias
+
+BiasLike = Union[None, Tensor, BiasPart, AttentionBias]
+
+logger = logging.getLogger('mmdet')
+_LOGGED = set()
+
+
+def _auto_order(call: AttentionCall) -> Tuple[str, ...]:
+    structured = call.bias is not None and any(not isinstance(p, DenseBias) for p in call.bias.parts)
+    if call.device_type == 'cuda':
+        if not structured:
+            return 'flash_attn', 'sdpa', 'math'
+        if call.bias.parts_of_type(WindowBias):
+            return 'flex', 'segment', 'sdpa', 'math'
+        return 'segment', 'flashbias', 'flex', 'sdpa', 'math'
+    if not structured:
+        return 'sdpa', 'math'
+    return 'segment', 'flashbias', 'sdpa', 'math'
+
+
+def _choose(call: AttentionCall) -> Tuple[str, str]:
+    order = _auto_order(call)
+    skipped = []
+    for name in order:
+        reasons = BACKENDS[name].not_supported_reasons(call)
+        if not reasons:
+            reason = f'first of {list(order)} on {call.device_type} that can apply it exactly'
+            if skipped:
+                reason += '; skipped ' + '; '.join(skipped)
+            return name, reason
+        skipped.append(f'{name} ({", ".join(reasons)})')
+    raise RuntimeError(f'no attention backend can run {call.describe()}: ' + '; '.join(skipped))
+
+
+def _num_keys(k: Optional[Tensor], key_padding_mask: Optional[Tensor]) -> Optional[int]:
+    if k is not None:
+        return k.size(2)
+    if key_padding_mask is not None:
+        return key_padding_mask.size(-1)
+    return None
+
+
+def _make_call(q: Tensor, k: Optional[Tensor], v: Optional[Tensor], bias: BiasLike,
+               key_padding_mask: Optional[Tensor], dropout_p: float, scale: Optional[float]) -> AttentionCall:
+    """Validate the arguments of :func:`apply_attention` and bundle them."""
+    for name, tensor in (('q', q), ('k', k), ('v', v)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4 or not tensor.is_floating_point():
+            raise ValueError(f'{name} must be a float tensor [bs, heads, L, d], got '
+                             f'{tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__}')
+        if tensor.dtype != q.dtype or tensor.device != q.device:
+            raise ValueError(f'{name} is {tensor.dtype} on {tensor.device}, q is {q.dtype} on {q.device}')
+    bs, heads, num_queries, head_dim = q.shape
+    if k is not None and v is not None:
+        if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2] or k.size(2) != v.size(2):
+            raise ValueError(f'q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be '
+                             '[bs, heads, Q, d], [bs, heads, K, d], [bs, heads, K, d]')
+        if k.size(-1) != head_dim or v.size(-1) != head_dim:
+            raise ValueError(f'q, k and v must share the head dim, got {head_dim}, {k.size(-1)}, {v.size(-1)}')
+        if k.size(2) == 0:
+            raise ValueError('attention over zero keys')
+    num_keys = _num_keys(k, key_padding_mask)
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            raise ValueError('key_padding_mask must be a bool tensor [bs, K] (True = padding)')
+        if tuple(key_padding_mask.shape) != (bs, num_keys) or key_padding_mask.device != q.device:
+            raise ValueError(f'key_padding_mask must be [bs, K] = {(bs, num_keys)} on {q.device}, got '
+                             f'{tuple(key_padding_mask.shape)} on {key_padding_mask.device}')
+    bias = as_attention_bias(bias, num_keys)
+    if bias is not None:
+        bias.check(bs, heads, num_queries, num_keys if num_keys is not None else bias.num_keys)
+        for part in bias.parts:
+            if part.device != q.device:
+                raise ValueError(f'{part.describe()} is on {part.device}, q is on {q.device}')
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p}')
+    scale = float(scale) if scale is not None else head_dim ** -0.5
+    return AttentionCall(q, k, v, bias, key_padding_mask, float(dropout_p), scale)
+
+
+def select_backend(q: Tensor,
+                   bias: BiasLike = None,
+                   key_padding_mask: Optional[Tensor] = None,
+                   dropout_p: float = 0.0,
+                   *,
+                   k: Optional[Tensor] = None,
+                   v: Optional[Tensor] = None) -> Tuple[str, str]:
+    """The backend ``apply_attention(..., backend='auto')`` would run, and why.
+
+    Args:
+        q (Tensor): ``[bs, heads, Q, d]``.
+        bias: as in :func:`apply_attention`.
+        key_padding_mask (Tensor, optional): ``[bs, K]`` bool.
+        dropout_p (float): attention dropout.
+        k, v (Tensor, optional): keys and values (whether they require grad
+            matters for ``flex`` on CPU).
+
+    Returns:
+        tuple[str, str]: backend name and the reason.
+    """
+    return _choose(_make_call(q, k, v, bias, key_padding_mask, dropout_p, None))
+
+
+def _log_once(name: str, call: AttentionCall, reason: str) -> None:
+    parts = tuple(type(p).__name__ for p in call.bias.parts) if call.bias is not None else ()
+    key = (name, parts, call.device_type, call.q.dtype, call.key_padding_mask is not None, call.dropout_p > 0, reason)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        logger.info(f"apply_attention: backend '{name}' for {call.describe()}: {reason}")
+
+
+def apply_attention(q: Tensor,
+                    k: Tensor,
+                    v: Tensor,
+                    bias: BiasLike = None,
+                    key_padding_mask: Optional[Tensor] = None,
+                    backend: str = 'auto',
+                    dropout_p: float = 0.0,
+                    scale: Optional[float] = None) -> Tensor:
+    """Multi-head attention ``softmax(q k^T * scale + bias) v`` with an exactly applied bias.
+
+    Args:
+        q (Tensor): ``[bs, heads, Q, d]``.
+        k (Tensor): ``[bs, heads, K, d]``.
+        v (Tensor): ``[bs, heads, K, d]``.
+        bias (None | Tensor | BiasPart | AttentionBias): a tensor broadcastable
+            to ``[bs, heads, Q, K]`` (bool: True = blocked; float: added to the
+            scores), or a structured bias.
+        key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
+        backend (str): ``'auto'``, ``'math'``, ``'sdpa'``, ``'segment'``,
+            ``'flashbias'``, ``'flex'`` or ``'flash_attn'``.
+        dropout_p (float): dropout on the attention probabilities (pass 0
+            outside training).
+        scale (float, optional): multiplier of ``q k^T``; default ``d ** -0.5``.
+
+    Returns:
+        Tensor: ``[bs, heads, Q, d]`` in q's dtype. A query whose keys are all
+        blocked gets 0.
+
+    Raises:
+        ValueError: shapes, dtypes or devices disagree (the message names
+            them); ``UnsupportedAttentionError`` (a ValueError) when the named
+            backend cannot apply the bias, mask or dropout.
+    """
+    if backend != 'auto' and backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend '{backend}'; choose from {['auto'] + list(BACKENDS)}")
+    call = _make_call(q, k, v, bias, key_padding_mask, dropout_p, scale)
+    if backend == 'auto':
+        backend, reason = _choose(call)
+    else:
+        reason = 'set explicitly'
+    _log_once(backend, call, reason)
+    return BACKENDS[backend](call)

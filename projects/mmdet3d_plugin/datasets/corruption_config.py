@@ -1,0 +1,121 @@
+"""Put a test-time ``SensorCorruption`` into a test pipeline or a whole config (``tools/test.py --corruption``).
+
+Where it goes: right after the loading steps (``Load*``) at the top level
+of the pipeline, i.e. after the points, the sweeps and the images are loaded
+and before ``MultiScaleFlipAug3D`` and everything in it (resizing,
+normalisation, 3D test-time transforms). So the sweeps are corrupted with
+the key frame, black images are pixels of value 0 before normalisation, and
+every test-time flip sees the same corrupted sample.
+"""
+import copy
+import inspect
+from typing import Dict, List, Sequence, Union
+
+from mmcv import Config
+from mmdet.datasets.builder import PIPELINES as MMDET_PIPELINES
+from mmdet3d.datasets.builder import PIPELINES as MMDET3D_PIPELINES
+from mmdet3d.datasets.pipelines import Compose
+
+from .pipelines.corruption import CORRUPTION_KEY, parse_corruption
+
+#: The loading step each corrupted input needs.
+REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}
+SWEEP_LOADER = 'LoadPointsFromMultiSweeps'
+#: Dataset splits whose pipelines ``corrupt_config`` rewrites.
+CORRUPTED_SPLITS = ('val', 'test')
+
+
+def _default_argument(transform_type: str, name: str):
+    """Default value of argument ``name`` of the pipeline transform ``transform_type`` (mmdet3d's, else mmdet's)."""
+    transform_class = MMDET3D_PIPELINES.get(transform_type) or MMDET_PIPELINES.get(transform_type)
+    return inspect.signature(transform_class).parameters[name].default
+
+
+def sweep_time_column(sweep_loader: Dict) -> int:
+    """Column of the sweep time lag in the points ``LoadPointsFromMultiSweeps`` (config ``sweep_loader``) outputs."""
+    use_dim = list(sweep_loader.get('use_dim', _default_argument(SWEEP_LOADER, 'use_dim')))
+    time_dim = sweep_loader.get('time_dim', _default_argument(SWEEP_LOADER, 'time_dim'))
+    if time_dim not in use_dim:
+        raise ValueError(f'{SWEEP_LOADER}(use_dim={use_dim}, time_dim={time_dim}) drops the sweep time, which the '
+                         f'beams corruption needs to map each sweep back to its own LiDAR frame')
+    return use_dim.index(time_dim)
+
+
+def _with_corruption_meta_key(step: Dict) -> Dict:
+    """``step`` with ``'corruption'`` in the meta keys of every ``Collect3D`` in it (nested ``transforms`` too)."""
+    if step.get('type') == 'Collect3D':
+        meta_keys = tuple(step.get('meta_keys', _default_argument('Collect3D', 'meta_keys')))
+        if CORRUPTION_KEY not in meta_keys:
+            step['meta_keys'] = meta_keys + (CORRUPTION_KEY,)
+    if 'transforms' in step:
+        step['transforms'] = [_with_corruption_meta_key(inner) for inner in step['transforms']]
+    return step
+
+
+def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **options) -> List[Dict]:
+    """A copy of the test ``pipeline`` with the corruption right after its loading steps.
+
+    Also adds ``'corruption'`` to the ``meta_keys`` of every ``Collect3D``,
+    and for ``beams`` sets ``sweep_time_column`` from the pipeline's
+    ``LoadPointsFromMultiSweeps`` (unless given).
+
+    Args:
+        pipeline: test pipeline configs (dicts).
+        corruption: CLI form ``mode[:arg]`` or a ``SensorCorruption`` config.
+        **options: further ``SensorCorruption`` arguments (``seed``, ``forward_yaw_deg``, ...).
+
+    Raises:
+        ValueError: a bad corruption; the pipeline lacks the loader of the
+            corrupted input, already holds a ``SensorCorruption``, or has
+            non-loading steps before its last loading step.
+    """
+    steps = [_with_corruption_meta_key(copy.deepcopy(dict(step))) for step in pipeline]
+    transform = dict(parse_corruption(corruption) if isinstance(corruption, str) else corruption)
+    transform.setdefault('type', 'SensorCorruption')
+    transform.update(options)
+    types = [step.get('type') for step in steps]
+    if transform['type'] in types:
+        raise ValueError(f'the pipeline already holds a {transform["type"]}: {types}')
+    if transform.get('mode') == 'beams' and SWEEP_LOADER in types and 'sweep_time_column' not in transform:
+        transform['sweep_time_column'] = sweep_time_column(steps[types.index(SWEEP_LOADER)])
+    corruption_step = Compose([transform]).transforms[0]
+    loader = REQUIRED_LOADER[corruption_step.input_key]
+    if loader not in types:
+        raise ValueError(f'corruption {corruption_step.name!r} changes results[{corruption_step.input_key!r}] but '
+                         f'the test pipeline has no top-level {loader}: {types}')
+    position = max(index for index, name in enumerate(types) if name.startswith('Load')) + 1
+    early = [name for name in types[:position] if not name.startswith('Load')]
+    if early:
+        raise ValueError(f'the test pipeline transforms the data ({early}) before its last loading step, so a '
+                         f'corruption cannot see the raw loaded sample: {types}')
+    return steps[:position] + [transform] + steps[position:]
+
+
+def _dataset_configs(dataset: Union[Dict, List, None]) -> List[Dict]:
+    """The dataset configs holding a ``pipeline`` in a split's config (a list, or wrappers with ``dataset``)."""
+    if dataset is None:
+        return []
+    if isinstance(dataset, (list, tuple)):
+        return [inner for item in dataset for inner in _dataset_configs(item)]
+    if 'pipeline' in dataset:
+        return [dataset]
+    if 'dataset' in dataset:
+        return _dataset_configs(dataset['dataset'])
+    raise ValueError(f'dataset config {dict(dataset)} has neither a pipeline nor a wrapped dataset')
+
+
+def corrupt_config(cfg: Config, corruption: Union[str, Dict], **options) -> Config:
+    """A copy of ``cfg`` whose ``data.val`` and ``data.test`` pipelines apply the corruption.
+
+    See :func:`insert_corruption` for where it goes and for ``options``.
+
+    Raises:
+        ValueError: ``cfg.data.test`` has no pipeline, or ``insert_corruption`` refuses one.
+    """
+    cfg = copy.deepcopy(cfg)
+    if not _dataset_configs(cfg.data.get('test')):
+        raise ValueError('the config has no data.test pipeline to corrupt')
+    for split in CORRUPTED_SPLITS:
+        for dataset in _dataset_configs(cfg.data.get(split)):
+            dataset['pipeline'] = insert_corruption(dataset['pipeline'], corruption, **options)
+    return cfg

@@ -1,0 +1,359 @@
+"""Test-time sensor corruptions for robustness evaluation: LiDAR removed, limited or thinned, cameras black.
+
+A corruption is written ``mode[:arg]`` on the command line (see
+:func:`parse_corruption`) and applied by the registered transform
+:class:`SensorCorruption`, which sits right after the loading steps of the
+test pipeline (``datasets/corruption_config.py`` puts it there):
+
+* ``lidar_drop``: no LiDAR point at all (key frame and sweeps): an empty
+  ``[0, C]`` point cloud of the loaded width and dtype.
+* ``camera_drop``: every camera image black (all pixels 0 before resizing and
+  normalisation, as upstream CMT's ``ModalMask3D`` blacks the camera out).
+* ``view_drop:N``: camera view ``N`` (the dataset's camera order) black.
+* ``fov:DEG``: only the LiDAR points whose azimuth is within ``DEG / 2`` of
+  the forward direction (the front camera's optical axis projected onto the
+  LiDAR x-y plane), in the key frame's LiDAR frame.
+* ``beams:K``: only the points of ``K`` of the LiDAR's beams, evenly spread
+  over its vertical field of view (a ``K``-beam sensor).
+* ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
+
+Randomness (``points:R`` only) is seeded per sample from ``seed`` and the
+sample token, so an evaluation is reproducible and independent of the order
+in which samples are loaded.
+"""
+import numbers
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from mmdet.datasets.builder import PIPELINES
+
+#: results / img_metas key describing the applied corruption (add it to Collect3D's meta_keys).
+CORRUPTION_KEY = 'corruption'
+#: Beams and elevation limits (degrees) of the nuScenes LiDAR, a Velodyne HDL-32E (uniformly spaced beams).
+HDL32E_BEAMS = 32
+HDL32E_ELEVATION_RANGE_DEG = (-30.67, 10.67)
+#: Two sweeps are at least 50 ms apart in nuScenes (20 Hz); lags closer than this belong to the same sweep.
+SWEEP_LAG_TOLERANCE_S = 1e-3
+
+Argument = Union[int, float, None]
+
+
+@dataclass(frozen=True)
+class CorruptionMode:
+    """A corruption mode: the ``results`` key it changes and its argument.
+
+    Args:
+        input_key: ``'points'`` or ``'img'``.
+        arg_name: the ``SensorCorruption`` argument holding the mode's value
+            (``None``: the mode takes none).
+        arg_type: ``int`` or ``float``.
+        is_valid: whether a value of ``arg_type`` is allowed.
+        arg_help: what the value must be, for error messages.
+        placeholder: the value's name in the CLI form ``mode:PLACEHOLDER``.
+    """
+
+    input_key: str
+    arg_name: Optional[str] = None
+    arg_type: type = float
+    is_valid: Optional[Callable[[float], bool]] = None
+    arg_help: str = ''
+    placeholder: str = ''
+
+
+CORRUPTION_MODES: Dict[str, CorruptionMode] = {
+    'lidar_drop': CorruptionMode('points'),
+    'camera_drop': CorruptionMode('img'),
+    'view_drop': CorruptionMode('img', 'view', int, lambda v: v >= 0, 'a camera view index >= 0', 'N'),
+    'fov': CorruptionMode('points', 'fov_deg', float, lambda v: 0 < v <= 360, 'an angle in (0, 360] degrees', 'DEG'),
+    'beams': CorruptionMode('points', 'keep_beams', int, lambda v: v >= 1, 'a number of beams >= 1', 'K'),
+    'points': CorruptionMode('points', 'keep_ratio', float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]', 'R'),
+}
+#: The CLI forms, for help texts: ``lidar_drop|camera_drop|view_drop:N|fov:DEG|beams:K|points:R``.
+CORRUPTION_FORMS = '|'.join(f'{mode}:{spec.placeholder}' if spec.arg_name else mode
+                            for mode, spec in CORRUPTION_MODES.items())
+
+
+def corruption_mode(mode: str) -> CorruptionMode:
+    """The :class:`CorruptionMode` of ``mode``; ``ValueError`` naming the known forms if there is none."""
+    if mode not in CORRUPTION_MODES:
+        raise ValueError(f'unknown corruption mode {mode!r}; expected one of {CORRUPTION_FORMS}')
+    return CORRUPTION_MODES[mode]
+
+
+def check_corruption_argument(mode: str, value: Argument) -> Argument:
+    """``value`` as the argument of ``mode`` (converted to its type), or ``ValueError`` saying what is wrong."""
+    spec = corruption_mode(mode)
+    if spec.arg_name is None:
+        if value is not None:
+            raise ValueError(f'corruption {mode!r} takes no argument, got {value!r}')
+        return None
+    if value is None:
+        raise ValueError(f'corruption {mode!r} needs {spec.arg_name}: {spec.arg_help} '
+                         f'(CLI form {mode}:{spec.placeholder})')
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if (not is_number or (spec.arg_type is int and not float(value).is_integer())
+            or not spec.is_valid(spec.arg_type(value))):
+        raise ValueError(f'corruption {mode!r}: {spec.arg_name} must be {spec.arg_help}, got {value!r}')
+    return spec.arg_type(value)
+
+
+def corruption_name(mode: str, value: Argument = None) -> str:
+    """The CLI form of a corruption, e.g. ``'fov:120'``, ``'points:0.1'``, ``'lidar_drop'``."""
+    return mode if value is None else f'{mode}:{np.format_float_positional(value, trim="-")}'
+
+
+def parse_corruption(spec: str) -> Dict:
+    """The ``SensorCorruption`` config of a CLI corruption ``mode[:arg]``.
+
+    ``parse_corruption('view_drop:2') == dict(type='SensorCorruption', mode='view_drop', view=2)``.
+
+    Raises:
+        ValueError: unknown mode, a missing, unexpected or malformed
+            argument, or an argument out of range.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f'a corruption must be a string {CORRUPTION_FORMS}, got {spec!r}')
+    mode, has_arg, text = spec.strip().partition(':')
+    mode_spec = corruption_mode(mode)
+    value = None
+    if has_arg:
+        if mode_spec.arg_name is None:
+            raise ValueError(f'corruption {mode!r} takes no argument, got {spec!r}')
+        try:
+            value = mode_spec.arg_type(text)
+        except ValueError:
+            raise ValueError(f'corruption {spec!r}: {text!r} is not {mode_spec.arg_help}') from None
+    value = check_corruption_argument(mode, value)
+    config = dict(type='SensorCorruption', mode=mode)
+    if mode_spec.arg_name is not None:
+        config[mode_spec.arg_name] = value
+    return config
+
+
+def sample_rng(seed: int, sample_key: str) -> np.random.Generator:
+    """Random generator of one sample: a function of ``seed`` and the sample's token only."""
+    return np.random.default_rng([int(seed), zlib.crc32(str(sample_key).encode())])
+
+
+def camera_forward_yaw(lidar2cam: np.ndarray) -> float:
+    """Yaw (radians, ``atan2(y, x)`` in the LiDAR frame) of a camera's optical axis projected onto the LiDAR x-y plane.
+
+    The optical axis (camera +z) in LiDAR coordinates is the third row of
+    the rotation of ``lidar2cam`` ``[4, 4]``.
+    """
+    axis = np.asarray(lidar2cam, dtype=np.float64)[2, :3]
+    if np.hypot(axis[0], axis[1]) < 1e-6:
+        raise ValueError(f'the camera looks straight up or down (optical axis {axis.tolist()} in the LiDAR frame): '
+                         f'it defines no forward direction')
+    return float(np.arctan2(axis[1], axis[0]))
+
+
+def fov_mask(xy: np.ndarray, forward_yaw: float, fov_deg: float) -> np.ndarray:
+    """``[N]`` bool: the points ``xy`` ``[N, 2]`` whose azimuth is within ``fov_deg / 2`` of ``forward_yaw`` (rad)."""
+    offset = np.arctan2(xy[:, 1], xy[:, 0]) - forward_yaw
+    wrapped = np.remainder(offset + np.pi, 2 * np.pi) - np.pi
+    return np.abs(wrapped) <= np.deg2rad(fov_deg) / 2
+
+
+def beam_indices(xyz: np.ndarray, num_beams: int, elevation_range_deg: Tuple[float, float]) -> np.ndarray:
+    """``[N]`` int64 beam of each point ``xyz`` ``[N, 3]`` (sensor frame) of a LiDAR with uniformly spaced beams.
+
+    Beam ``b`` has the elevation ``low + b * (high - low) / (num_beams - 1)``
+    (``elevation_range_deg = (low, high)``, beam 0 the lowest); a point
+    belongs to the beam of the nearest elevation.
+    """
+    low, high = elevation_range_deg
+    if num_beams < 2 or high <= low:
+        raise ValueError(f'a LiDAR needs >= 2 beams and an increasing elevation range, got num_beams={num_beams}, '
+                         f'elevation_range_deg={elevation_range_deg}')
+    elevation = np.degrees(np.arctan2(xyz[:, 2], np.hypot(xyz[:, 0], xyz[:, 1])))
+    beam = np.floor((elevation - low) / ((high - low) / (num_beams - 1)) + 0.5)
+    return np.clip(beam, 0, num_beams - 1).astype(np.int64)
+
+
+def kept_beams(num_beams: int, keep: int) -> np.ndarray:
+    """Indices of the ``keep`` beams of a ``keep``-beam sensor with the same vertical field of view.
+
+    Every ``num_beams / keep``-th beam from the lowest, e.g. 8 of 32: ``[0, 4, ..., 28]``.
+    """
+    if not 1 <= keep <= num_beams:
+        raise ValueError(f'cannot keep {keep} of {num_beams} beams')
+    return (np.arange(keep) * num_beams) // keep
+
+
+def points_in_sweep_frames(xyz: np.ndarray, time_lag: np.ndarray, sweeps: Sequence[Dict],
+                           timestamp: float) -> np.ndarray:
+    """Undo ``LoadPointsFromMultiSweeps``' motion compensation: each point in the LiDAR frame it was measured in.
+
+    Args:
+        xyz: ``[N, 3]`` points in the key frame's LiDAR frame.
+        time_lag: ``[N]`` key-frame time minus the point's sweep time (s),
+            0 for the key frame (the sweep loader's time column).
+        sweeps: the sample's sweep infos (``sensor2lidar_rotation [3, 3]``,
+            ``sensor2lidar_translation [3]``, ``timestamp`` in microseconds).
+        timestamp: the key frame's time (s).
+
+    Returns:
+        np.ndarray: ``[N, 3]`` float64.
+
+    Raises:
+        ValueError: a point's lag matches no sweep (the time column is not what it should be).
+    """
+    out = np.asarray(xyz, dtype=np.float64).copy()
+    pending = np.abs(time_lag) > SWEEP_LAG_TOLERANCE_S
+    for sweep in sweeps:
+        lag = timestamp - sweep['timestamp'] / 1e6
+        selected = pending & (np.abs(time_lag - lag) <= SWEEP_LAG_TOLERANCE_S)
+        rotation = np.asarray(sweep['sensor2lidar_rotation'], dtype=np.float64)
+        translation = np.asarray(sweep['sensor2lidar_translation'], dtype=np.float64).reshape(3)
+        out[selected] = (out[selected] - translation) @ rotation
+        pending &= ~selected
+    if pending.any():
+        raise ValueError(f'{int(pending.sum())} points have a sweep time lag (e.g. {float(time_lag[pending][0])} s) '
+                         f'that matches none of the sample\'s {len(sweeps)} sweeps: is sweep_time_column the time '
+                         f'column written by LoadPointsFromMultiSweeps?')
+    return out
+
+
+@PIPELINES.register_module()
+class SensorCorruption:
+    """Corrupt the LiDAR points or the camera images of a test sample (see the module docstring for the modes).
+
+    Put it right after the loading steps (``LoadPointsFromFile``,
+    ``LoadPointsFromMultiSweeps``, ``LoadMultiViewImageFromFiles``) and
+    before any image resizing, normalisation or 3D augmentation:
+    ``datasets.corruption_config.insert_corruption`` does so. Black then
+    means pixels of value 0, which normalisation turns into ``-mean / std``.
+    Sets ``results['corruption']``: ``name`` (CLI form), ``mode``, the
+    argument, and per mode ``camera`` / ``views`` (``view_drop`` /
+    ``camera_drop``), ``forward_yaw_deg`` (``fov``), ``kept_beams``
+    (``beams``), ``seed`` (``points``), ``num_points_before`` /
+    ``num_points_after`` (LiDAR modes). Add ``'corruption'`` to
+    ``Collect3D``'s ``meta_keys`` to see it in ``img_metas``.
+
+    Args:
+        mode (str): one of ``lidar_drop``, ``camera_drop``, ``view_drop``, ``fov``, ``beams``, ``points``.
+        view (int, optional): ``view_drop``: index of the camera view made black.
+        fov_deg (float, optional): ``fov``: the kept field of view in degrees, centred on the forward direction.
+        keep_beams (int, optional): ``beams``: number of beams kept.
+        keep_ratio (float, optional): ``points``: fraction of the points kept.
+        seed (int): base seed of ``points``.
+        forward_camera (str): ``fov``: the camera whose optical axis is the forward direction.
+        forward_yaw_deg (float, optional): ``fov``: the forward direction as a yaw in the LiDAR frame
+            (degrees from +x towards +y) instead of the camera's (for LiDAR-only pipelines; nuScenes: 90).
+        lidar_beams (int): ``beams``: number of beams of the LiDAR (nuScenes: 32).
+        elevation_range_deg (tuple[float, float]): ``beams``: elevations of its lowest and highest beam.
+        sweep_time_column (int, optional): ``beams``: the points' column holding the sweep time lag written
+            by ``LoadPointsFromMultiSweeps`` (``None``: no sweeps were loaded). The beam of a point is found
+            from its elevation in the LiDAR frame it was measured in, so the sweeps must be mapped back.
+    """
+
+    def __init__(self, mode: str, view: Optional[int] = None, fov_deg: Optional[float] = None,
+                 keep_beams: Optional[int] = None, keep_ratio: Optional[float] = None, seed: int = 0,
+                 forward_camera: str = 'CAM_FRONT', forward_yaw_deg: Optional[float] = None,
+                 lidar_beams: int = HDL32E_BEAMS,
+                 elevation_range_deg: Tuple[float, float] = HDL32E_ELEVATION_RANGE_DEG,
+                 sweep_time_column: Optional[int] = None) -> None:
+        spec = corruption_mode(mode)
+        arguments = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio)
+        foreign = [name for name, value in arguments.items() if value is not None and name != spec.arg_name]
+        if foreign:
+            raise ValueError(f'SensorCorruption: {foreign} are not arguments of mode {mode!r}')
+        self.mode = mode
+        self.input_key = spec.input_key
+        self.arg_name = spec.arg_name
+        self.value = check_corruption_argument(mode, arguments.get(spec.arg_name))
+        self.name = corruption_name(mode, self.value)
+        if mode == 'beams' and not (self.value <= lidar_beams and lidar_beams >= 2
+                                    and elevation_range_deg[0] < elevation_range_deg[1]):
+            raise ValueError(f'SensorCorruption({self.name}): cannot keep {self.value} beams of a LiDAR with '
+                             f'lidar_beams={lidar_beams}, elevation_range_deg={elevation_range_deg}')
+        self.seed = seed
+        self.forward_camera = forward_camera
+        self.forward_yaw_deg = forward_yaw_deg
+        self.lidar_beams = lidar_beams
+        self.elevation_range_deg = tuple(elevation_range_deg)
+        self.sweep_time_column = sweep_time_column
+
+    def __call__(self, results: Dict) -> Dict:
+        if self.input_key not in results:
+            raise KeyError(f'SensorCorruption({self.name}) needs results[{self.input_key!r}]: put it after the '
+                           f'loading steps (datasets.corruption_config.insert_corruption does)')
+        record = dict(name=self.name, mode=self.mode)
+        if self.arg_name is not None:
+            record[self.arg_name] = self.value
+        if self.input_key == 'img':
+            self._black_out_views(results, record)
+        else:
+            self._filter_points(results, record)
+        results[CORRUPTION_KEY] = record
+        return results
+
+    def _black_out_views(self, results: Dict, record: Dict) -> None:
+        images = results['img']
+        if not isinstance(images, (list, tuple)):
+            raise TypeError(f'SensorCorruption({self.name}) needs results["img"] as a list of per-view images '
+                            f'(LoadMultiViewImageFromFiles), got {type(images).__name__}')
+        views = list(range(len(images)))
+        if self.mode == 'view_drop':
+            if self.value >= len(images):
+                raise ValueError(f'SensorCorruption({self.name}): the sample has {len(images)} camera views '
+                                 f'(0..{len(images) - 1})')
+            views = [self.value]
+            names = results.get('camera_names')
+            record['camera'] = names[self.value] if names is not None else None
+        record['views'] = views
+        results['img'] = [np.zeros_like(img) if view in views else img for view, img in enumerate(images)]
+
+    def _filter_points(self, results: Dict, record: Dict) -> None:
+        points = results['points']
+        keep = self._kept_points(results, points.tensor.numpy(), record)
+        record.update(num_points_before=int(len(keep)), num_points_after=int(keep.sum()))
+        results['points'] = points[torch.from_numpy(keep)]
+
+    def _kept_points(self, results: Dict, points: np.ndarray, record: Dict) -> np.ndarray:
+        """``[N]`` bool mask of the points kept, for ``points`` ``[N, C]`` (xyz first)."""
+        if self.mode == 'lidar_drop':
+            return np.zeros(len(points), dtype=bool)
+        if self.mode == 'fov':
+            forward_yaw = self._forward_yaw(results)
+            record['forward_yaw_deg'] = float(np.degrees(forward_yaw))
+            return fov_mask(points[:, :2], forward_yaw, self.value)
+        if self.mode == 'beams':
+            xyz = points[:, :3]
+            if self.sweep_time_column is not None:
+                xyz = points_in_sweep_frames(xyz, points[:, self.sweep_time_column], results['sweeps'],
+                                             results['timestamp'])
+            kept = kept_beams(self.lidar_beams, self.value)
+            record['kept_beams'] = kept.tolist()
+            return np.isin(beam_indices(xyz, self.lidar_beams, self.elevation_range_deg), kept)
+        if 'sample_idx' not in results:
+            raise KeyError(f'SensorCorruption({self.name}) needs results["sample_idx"] (the sample token) to seed '
+                           f'the sample\'s random draw')
+        record['seed'] = self.seed
+        keep = np.zeros(len(points), dtype=bool)
+        num_kept = int(round(self.value * len(points)))
+        keep[sample_rng(self.seed, results['sample_idx']).choice(len(points), num_kept, replace=False)] = True
+        return keep
+
+    def _forward_yaw(self, results: Dict) -> float:
+        if self.forward_yaw_deg is not None:
+            return float(np.deg2rad(self.forward_yaw_deg))
+        names: Optional[List[str]] = results.get('camera_names')
+        if names is None or 'lidar2cam' not in results:
+            raise KeyError(f'SensorCorruption({self.name}) takes the forward direction from {self.forward_camera}, '
+                           f'but results has no camera calibration ("camera_names", "lidar2cam": load the cameras) '
+                           f'-- give forward_yaw_deg instead (nuScenes LIDAR_TOP: 90)')
+        if self.forward_camera not in names:
+            raise KeyError(f'SensorCorruption({self.name}): no camera {self.forward_camera!r} among {names}')
+        return camera_forward_yaw(results['lidar2cam'][names.index(self.forward_camera)])
+
+    def __repr__(self) -> str:
+        argument = '' if self.arg_name is None else f'{self.arg_name}={self.value}, '
+        return (f'{self.__class__.__name__}(mode={self.mode!r}, {argument}seed={self.seed}, '
+                f'forward_camera={self.forward_camera!r}, forward_yaw_deg={self.forward_yaw_deg}, '
+                f'lidar_beams={self.lidar_beams}, elevation_range_deg={self.elevation_range_deg}, '
+                f'sweep_time_column={self.sweep_time_column})')

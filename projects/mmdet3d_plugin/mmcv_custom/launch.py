@@ -1,0 +1,87 @@
+"""What tools/train.py and tools/test.py share: options, config loading, the device and the process group."""
+import argparse
+import importlib
+import os
+import os.path as osp
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from mmcv import Config, DictAction
+from mmcv.runner import init_dist
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both tools take: ``--seed``, ``--deterministic``, ``--cfg-options``, ``--launcher``, ``--local_rank``."""
+    parser.add_argument('--seed', type=int, default=0, help='random seed')
+    parser.add_argument('--deterministic', action='store_true', help='deterministic cuDNN kernels')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, e.g. data.samples_per_gpu=1')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                        help='job launcher (tools/dist_*.sh use pytorch)')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    """``args.config`` with ``args.cfg_options`` merged in, its plugin imported and ``LOCAL_RANK`` set."""
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    import_plugin(cfg, args.config)
+    return cfg
+
+
+def resolve_work_dir(args: argparse.Namespace, cfg: Config) -> str:
+    """``--work-dir``, else the config's ``work_dir``, else ``./work_dirs/<config name>``; created if missing."""
+    work_dir = args.work_dir or cfg.get('work_dir') or osp.join('./work_dirs',
+                                                                 osp.splitext(osp.basename(args.config))[0])
+    os.makedirs(osp.abspath(work_dir), exist_ok=True)
+    return work_dir
+
+
+def import_plugin(cfg: Config, config_path: str) -> None:
+    """Import the plugin named by the config, as mmdet3d's tools do.
+
+    ``plugin=True`` with ``plugin_dir='projects/mmdet3d_plugin/'`` imports
+    ``projects.mmdet3d_plugin`` (relative to the working directory); without
+    ``plugin_dir`` the config's own folder is imported as a package.
+    """
+    if not cfg.get('plugin', False):
+        return
+    plugin_dir = cfg.get('plugin_dir') or osp.dirname(config_path)
+    module_path = osp.normpath(plugin_dir).replace(os.sep, '.').strip('.')
+    try:
+        importlib.import_module(module_path)
+    except ImportError as error:
+        raise ImportError(f'cannot import the plugin {module_path!r} named by plugin_dir={plugin_dir!r} of '
+                          f'{config_path}; run the tools from the repository root') from error
+
+
+def default_device() -> str:
+    """``'cuda'`` when a GPU is usable, else ``'cpu'``."""
+    return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def init_distributed(launcher: str, dist_params: Optional[dict] = None) -> bool:
+    """Start the process group for ``launcher`` (``'none'`` starts none).
+
+    Without a GPU the ``pytorch`` launcher uses the gloo backend whatever the
+    config says (nccl needs GPUs), reading ``MASTER_ADDR``/``RANK``/... that
+    ``torch.distributed.run`` sets.
+
+    Returns:
+        bool: whether the run is distributed.
+    """
+    if launcher == 'none':
+        return False
+    params = dict(dist_params or {})
+    if default_device() == 'cpu':
+        if launcher != 'pytorch':
+            raise ValueError(f'launcher {launcher!r} needs GPUs; on CPU use --launcher pytorch '
+                             f'(tools/dist_train.sh / dist_test.sh)')
+        params.pop('backend', None)
+        dist.init_process_group(backend='gloo', **params)
+        return True
+    init_dist(launcher, **params)
+    return True

@@ -1,0 +1,183 @@
+"""Adaptive Query Routing (AQR) inside CMT's head.
+
+Turning a CMT config into CMT-AQR means adding to its ``CmtHead``::
+
+    aqr_config=dict(type='AQRWeightGenerator', window_sizes=[15, 5]),
+    attention_bias_config=dict(type='AttentionBiasGenerator', window_size=15, bias_scale=1.0,
+                               use_local_bias=True, fp16=True),
+
+Data flow of one forward pass (``modulation='attention_bias'``, the default)::
+
+    reference points, query pos. embeddings (matching queries, no DN)
+        + BEV / camera memory and their position embeddings + img_metas
+      -> AQRWeightGenerator -> lidar_weights, camera_weights [bs, Q], projection_info
+      -> AttentionBiasGenerator -> AttentionBias over [DN queries ; Q] x [BEV keys ; camera keys]
+         (DN queries: zero bias)
+      -> CmtTransformer -> every PETRTransformerDecoderLayer's cross-attention (attn_masks[1])
+      -> PETRMultiheadFlashAttention -> apply_attention (a backend that applies it exactly)
+
+The features themselves are never changed. The legacy scheme
+(``modulation='feature'``) instead renders the weights into BEV / camera
+weight maps (``WeightRenderer``) and scales the features with them
+(``FeatureModulator``); no bias reaches the attention.
+
+The new parameters live under ``aqr_weight_generator.`` and
+``attention_bias_generator.``, so a CMT checkpoint loads into CMT-AQR with
+only those reported missing.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, NamedTuple, Optional, Sequence, Union
+
+from mmdet.models.builder import MODELS
+from torch import Tensor
+
+from ...attention import AttentionBias
+from ..utils.denoising import DenoisingQueries
+from ..utils.petr_transformer import PerLayer
+
+MODULATIONS = ('attention_bias', 'feature')
+
+
+@dataclass
+class QueryRouting:
+    """What AQR decided for the matching queries of a batch.
+
+    A plain (non-iterable) record, so mmcv's ``force_fp32`` passes it through
+    the prediction dicts unchanged.
+
+    Attributes:
+        lidar_weights (Tensor): ``[bs, Q]`` trust in LiDAR, in ``[0, 1]``.
+        camera_weights (Tensor): ``[bs, Q]`` trust in the camera, in ``[0, 1]``.
+        projection_info (dict[str, Tensor]): ``pts_bev``, ``pts_idx``,
+            ``pts_pers_idx``, ``visible`` (see ``project_reference_points``).
+        img_metas (Sequence[dict]): the batch's metas (``dropped_modalities``
+            feeds the auxiliary routing loss).
+    """
+
+    lidar_weights: Tensor
+    camera_weights: Tensor
+    projection_info: Dict[str, Tensor]
+    img_metas: Sequence[dict]
+
+
+class RoutedInputs(NamedTuple):
+    """The decoder inputs after routing: features (modulated only by the legacy scheme) and the bias."""
+
+    bev_feat: Optional[Tensor]
+    img_feat: Optional[Tensor]
+    cross_attn_bias: Union[None, AttentionBias, PerLayer]
+    routing: Optional[QueryRouting]
+
+
+class AQRRoutingMixin:
+    """Builds the AQR modules of a fusion head and routes its queries.
+
+    The host head provides ``hidden_dim``, ``pc_range``, ``transformer``,
+    ``uses_lidar`` and ``uses_camera``.
+    """
+
+    def init_query_routing(self,
+                           aqr_config: Optional[dict],
+                           attention_bias_config: Optional[dict],
+                           modulation: str = 'attention_bias',
+                           weight_renderer_config: Optional[dict] = None,
+                           feature_modulator_config: Optional[dict] = None) -> None:
+        """Build the AQR modules (none when ``aqr_config`` is None: plain CMT).
+
+        Args:
+            aqr_config (dict, optional): ``AQRWeightGenerator`` config;
+                ``embed_dims`` defaults to the head's ``hidden_dim``.
+            attention_bias_config (dict, optional): ``AttentionBiasGenerator``
+                config (needed with ``modulation='attention_bias'``);
+                ``num_heads`` / ``num_layers`` default to the decoder's.
+            modulation (str): ``'attention_bias'`` or ``'feature'`` (legacy).
+            weight_renderer_config (dict, optional): ``WeightRenderer`` config
+                for ``modulation='feature'``.
+            feature_modulator_config (dict, optional): ``FeatureModulator``
+                config for ``modulation='feature'``.
+        """
+        name = type(self).__name__
+        if modulation not in MODULATIONS:
+            raise ValueError(f'{name}: modulation must be one of {MODULATIONS}, got {modulation!r}')
+        self.modulation = modulation
+        self.aqr_weight_generator = None
+        self.attention_bias_generator = None
+        if aqr_config is None:
+            if attention_bias_config is not None or weight_renderer_config is not None \
+                    or feature_modulator_config is not None:
+                raise ValueError(f'{name}: attention_bias_config / weight_renderer_config / '
+                                 f'feature_modulator_config need aqr_config (the AQRWeightGenerator that makes the '
+                                 f'weights they use)')
+            return
+        if not (self.uses_lidar and self.uses_camera):
+            raise ValueError(f'{name}: AQR routes queries between LiDAR and camera; it needs a fusion head (CmtHead)')
+        self.aqr_weight_generator = MODELS.build(dict(dict(embed_dims=self.hidden_dim), **aqr_config))
+        if modulation == 'attention_bias':
+            if attention_bias_config is None:
+                raise ValueError(f"{name}: modulation='attention_bias' needs attention_bias_config, e.g. "
+                                 f"dict(type='AttentionBiasGenerator', window_size=15, bias_scale=1.0)")
+            if weight_renderer_config is not None or feature_modulator_config is not None:
+                raise ValueError(f"{name}: weight_renderer_config / feature_modulator_config belong to "
+                                 f"modulation='feature', not 'attention_bias'")
+            decoder = self.transformer.decoder
+            defaults = dict(num_heads=decoder.layers[0].attentions[1].num_heads, num_layers=len(decoder.layers))
+            self.attention_bias_generator = MODELS.build(dict(defaults, **attention_bias_config))
+        else:
+            if attention_bias_config is not None:
+                raise ValueError(f"{name}: attention_bias_config is unused with modulation='feature'; remove it or "
+                                 f"set modulation='attention_bias'")
+            self.weight_renderer = MODELS.build(weight_renderer_config or dict(type='WeightRenderer'))
+            self.feature_modulator = MODELS.build(feature_modulator_config or dict(type='FeatureModulator'))
+
+    @property
+    def with_query_routing(self) -> bool:
+        """Whether this head runs AQR."""
+        return self.aqr_weight_generator is not None
+
+    def route_queries(self, reference_points: Tensor, query_embed: Tensor, bev_feat: Optional[Tensor],
+                      bev_pos: Optional[Tensor], img_feat: Optional[Tensor], rv_pos: Optional[Tensor],
+                      img_metas: Sequence[dict], dn_queries: Optional[DenoisingQueries]) -> RoutedInputs:
+        """Run AQR on the matching queries and return what the decoder gets.
+
+        Args:
+            reference_points (Tensor): ``[bs, P, 3]`` normalised; the first
+                ``dn_queries.pad_size`` rows (if any) are DN queries.
+            query_embed (Tensor): ``[bs, P, C]`` query positional embeddings.
+            bev_feat (Tensor, optional): ``[bs, C, H, W]`` BEV memory.
+            bev_pos (Tensor, optional): ``[H * W, C]``.
+            img_feat (Tensor, optional): ``[bs * N, C, h, w]`` camera memory.
+            rv_pos (Tensor, optional): ``[bs * N, h, w, C]``.
+            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``.
+            dn_queries (DenoisingQueries, optional): the DN part of the queries.
+
+        Returns:
+            RoutedInputs: features, the cross-attention bias (an
+            ``AttentionBias``, a ``PerLayer`` of them, or None) and the routing.
+        """
+        if not self.with_query_routing:
+            return RoutedInputs(bev_feat, img_feat, None, None)
+        num_dn = dn_queries.pad_size if dn_queries is not None else 0
+        lidar_weights, camera_weights, info = self.aqr_weight_generator(
+            query_embed[:, num_dn:], reference_points[:, num_dn:], bev_feat, img_feat, img_metas, self.pc_range,
+            bev_pos=bev_pos, img_pos=rv_pos)
+        routing = QueryRouting(lidar_weights, camera_weights, info, img_metas)
+        bev_shape = tuple(bev_feat.shape[-2:])
+        camera_shape = (img_feat.size(0) // bev_feat.size(0), *img_feat.shape[-2:])
+        if self.modulation == 'feature':
+            bev_map, camera_map = self.weight_renderer(lidar_weights, camera_weights, info, bev_shape, camera_shape)
+            return RoutedInputs(self.feature_modulator(bev_feat, bev_map), self.feature_modulator(img_feat, camera_map),
+                                None, routing)
+        bias = self.attention_bias_generator(lidar_weights, camera_weights, info, bev_shape, camera_shape,
+                                             num_dn_queries=num_dn, feature_dtype=bev_feat.dtype)
+        return RoutedInputs(bev_feat, img_feat, PerLayer(bias) if isinstance(bias, list) else bias, routing)
+
+    def routing_loss(self, routing: Optional[QueryRouting]) -> Dict[str, Tensor]:
+        """The AQR auxiliary routing loss (empty unless ``aux_loss_weight`` > 0)."""
+        if routing is None:
+            return {}
+        return self.aqr_weight_generator.loss(routing.lidar_weights, routing.camera_weights, routing.img_metas)
+
+
+def routing_of(preds_dicts: Sequence[List[dict]]) -> Optional[QueryRouting]:
+    """The :class:`QueryRouting` a head stored in its predictions (None without AQR)."""
+    return preds_dicts[0][0].get('aqr_routing')

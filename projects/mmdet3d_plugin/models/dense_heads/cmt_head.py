@@ -1,0 +1,440 @@
+"""CMT's detection head: position encodings, queries, the transformer and the task branches.
+
+``CmtHead`` (fusion) decodes 900 learned anchor queries against the memory
+``[BEV tokens ; camera tokens]``; ``CmtLidarHead`` uses BEV tokens only and
+``CmtImageHead`` camera tokens only. Parameter names equal upstream CMT's, so
+published checkpoints load with no missing or unexpected keys.
+
+Position encodings (sizes always read from the feature maps):
+
+* BEV token ``(h, w)``: ``bev_embedding(pos2embed(cell centre))``.
+* camera token ``(view, h, w)``: the frustum of the feature cell (``depth_num``
+  depths), lifted to LiDAR coordinates with ``inverse(lidar2img)``, normalised
+  by ``pc_range`` and embedded by ``rv_embedding`` (``3 * depth_num`` inputs).
+* query with reference point ``r`` (normalised 3D): ``bev_embedding(pos2embed(r))``
+  plus, with a camera, the sum over the views that see ``r`` of the
+  ``rv_embedding`` of the frustum through ``r``'s projection.
+
+Outputs follow upstream CMT's regression layout: per query the branches
+``center (2), height (1), dim (3), rot (2), vel (2)`` are concatenated into one
+10-value code that is compared with :func:`normalize_bbox`'s
+``(cx, cy, log w, log l, cz, log h, sin, cos, vx, vy)``. ``center`` and
+``height`` are decoded to metres (sigmoid around the reference point); so the
+third slot, named ``height`` upstream, is the one trained against ``log w``
+(and ``dim``'s second value against ``cz``). Published checkpoints were trained
+with this layout, and :class:`MultiTaskBBoxCoder` decodes it the same way.
+"""
+import copy
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from mmcv.cnn import ConvModule
+from mmcv.runner import BaseModule, force_fp32
+from mmdet.core import build_assigner, build_bbox_coder
+from mmdet.models.builder import HEADS, build_head, build_loss
+from mmdet.models.utils import build_transformer
+from mmdet.models.utils.transformer import inverse_sigmoid
+from mmdet3d.core.bbox import LiDARInstance3DBoxes
+from torch import Tensor, nn
+
+from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw, project_to_views, stack_lidar2img
+from ..utils.denoising import DenoisingQueries, build_dn_queries
+from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
+                                         normalize_points, pos2embed)
+from .aqr_routing import AQRRoutingMixin, routing_of
+from .cmt_head_loss import CmtHeadLossMixin
+
+NUSCENES_TASKS = (
+    dict(num_class=1, class_names=['car']),
+    dict(num_class=2, class_names=['truck', 'construction_vehicle']),
+    dict(num_class=2, class_names=['bus', 'trailer']),
+    dict(num_class=1, class_names=['barrier']),
+    dict(num_class=2, class_names=['motorcycle', 'bicycle']),
+    dict(num_class=2, class_names=['pedestrian', 'traffic_cone']),
+)
+REGRESSION_HEADS = dict(center=(2, 2), height=(1, 2), dim=(3, 2), rot=(2, 2), vel=(2, 2))
+
+
+@HEADS.register_module()
+class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
+    """Fusion head: queries attend to BEV and camera tokens, optionally routed by AQR.
+
+    Args:
+        in_channels (int): channels of the BEV feature map (before ``shared_conv``).
+        num_query (int): learned anchor queries Q.
+        hidden_dim (int): transformer width C.
+        depth_num (int): depths of each camera frustum (``rv_embedding`` takes
+            ``3 * depth_num`` inputs).
+        norm_bbox (bool): must be True (CMT regresses :func:`normalize_bbox`
+            codes); kept for upstream configs.
+        downsample_scale (int): BEV feature stride in voxels. When the
+            train/test config has ``grid_size``, the BEV map must be
+            ``grid_size[:2] // downsample_scale``, else a ``ValueError`` names
+            the mismatch.
+        scalar (int): maximum number of DN groups (0 disables DN training).
+        noise_scale (float): DN centre noise scale.
+        noise_trans (float): DN noise offset in metres.
+        dn_weight (float): weight of the DN losses.
+        split (float): DN noise norm beyond which a copy is background.
+        train_cfg (dict, optional): ``assigner`` and ``code_weights`` (10 values).
+        test_cfg (dict, optional): test config (only ``grid_size`` is read).
+        common_heads (dict): regression branches ``name -> (channels, num_conv)``.
+        tasks (Sequence[dict]): ``dict(num_class, class_names)`` per task head;
+            the tasks' classes, in order, are the global classes.
+        transformer (dict): ``CmtTransformer`` config (its decoder's
+            ``num_layers`` sets the task heads' groups).
+        bbox_coder (dict): ``MultiTaskBBoxCoder`` config; its ``pc_range`` is the head's.
+        loss_cls (dict): classification loss (sigmoid focal loss).
+        loss_bbox (dict): regression loss (L1).
+        loss_heatmap (dict, optional): accepted for upstream configs, which
+            declare it although CMT computes no heatmap loss; a warning says so.
+        separate_head (dict): ``SeparateTaskHead`` config.
+        aqr_config (dict, optional): ``AQRWeightGenerator`` config; turns on
+            Adaptive Query Routing (fusion head only, see :mod:`.aqr_routing`).
+            None (default): plain CMT, same outputs and state dict.
+        attention_bias_config (dict, optional): ``AttentionBiasGenerator``
+            config, with ``modulation='attention_bias'``.
+        modulation (str): ``'attention_bias'`` (bias on the cross-attention
+            scores) or ``'feature'`` (legacy: weight maps scale the features).
+        weight_renderer_config (dict, optional): ``WeightRenderer`` config
+            (``modulation='feature'``).
+        feature_modulator_config (dict, optional): ``FeatureModulator`` config
+            (``modulation='feature'``).
+        init_cfg (dict, optional): must be None.
+    """
+
+    uses_lidar = True
+    uses_camera = True
+
+    def __init__(self,
+                 in_channels: int,
+                 num_query: int = 900,
+                 hidden_dim: int = 128,
+                 depth_num: int = 64,
+                 norm_bbox: bool = True,
+                 downsample_scale: int = 8,
+                 scalar: int = 10,
+                 noise_scale: float = 1.0,
+                 noise_trans: float = 0.0,
+                 dn_weight: float = 1.0,
+                 split: float = 0.75,
+                 train_cfg: Optional[dict] = None,
+                 test_cfg: Optional[dict] = None,
+                 common_heads: dict = REGRESSION_HEADS,
+                 tasks: Sequence[dict] = NUSCENES_TASKS,
+                 transformer: Optional[dict] = None,
+                 bbox_coder: Optional[dict] = None,
+                 loss_cls: dict = dict(type='FocalLoss', use_sigmoid=True, reduction='mean', gamma=2, alpha=0.25,
+                                       loss_weight=1.0),
+                 loss_bbox: dict = dict(type='L1Loss', reduction='mean', loss_weight=0.25),
+                 loss_heatmap: Optional[dict] = None,
+                 separate_head: dict = dict(type='SeparateTaskHead', init_bias=-2.19, final_kernel=1),
+                 aqr_config: Optional[dict] = None,
+                 attention_bias_config: Optional[dict] = None,
+                 modulation: str = 'attention_bias',
+                 weight_renderer_config: Optional[dict] = None,
+                 feature_modulator_config: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        if init_cfg is not None:
+            raise ValueError(f'{type(self).__name__} initialises itself; init_cfg must be None, got {init_cfg}')
+        if not norm_bbox:
+            raise ValueError('CMT regresses normalize_bbox codes; norm_bbox=False is not supported')
+        if transformer is None or bbox_coder is None:
+            raise ValueError(f'{type(self).__name__} needs a transformer and a bbox_coder config')
+        if loss_heatmap is not None:
+            warnings.warn(f'{type(self).__name__}: loss_heatmap is accepted for upstream CMT configs but CMT '
+                          f'computes no heatmap loss; it is not used')
+        super().__init__(init_cfg=None)
+        self.num_classes = [len(task['class_names']) for task in tasks]
+        for task in tasks:
+            if task.get('num_class', len(task['class_names'])) != len(task['class_names']):
+                raise ValueError(f'task {task}: num_class differs from the number of class_names')
+        self.class_names = [list(task['class_names']) for task in tasks]
+        self.hidden_dim = hidden_dim
+        self.num_query = num_query
+        self.in_channels = in_channels
+        self.depth_num = depth_num
+        self.downsample_scale = downsample_scale
+        self.scalar = scalar
+        self.bbox_noise_scale = noise_scale
+        self.bbox_noise_trans = noise_trans
+        self.dn_weight = dn_weight
+        self.split = split
+        self.train_cfg = train_cfg
+        self.test_cfg = test_cfg
+        self.fp16_enabled = False
+
+        self.loss_cls = build_loss(loss_cls)
+        self.loss_bbox = build_loss(loss_bbox)
+        self.bbox_coder = build_bbox_coder(bbox_coder)
+        self.pc_range = list(self.bbox_coder.pc_range)
+        if self.bbox_coder.num_classes != sum(self.num_classes):
+            raise ValueError(f'bbox_coder.num_classes={self.bbox_coder.num_classes} but the tasks have '
+                             f'{sum(self.num_classes)} classes')
+
+        if self.uses_lidar:
+            self.shared_conv = ConvModule(in_channels, hidden_dim, kernel_size=3, padding=1,
+                                          conv_cfg=dict(type='Conv2d'), norm_cfg=dict(type='BN2d'))
+        self.transformer = build_transformer(transformer)
+        if self.transformer.embed_dims != hidden_dim:
+            raise ValueError(f'transformer width {self.transformer.embed_dims} differs from hidden_dim {hidden_dim}')
+        self.reference_points = nn.Embedding(num_query, 3)
+        self.bev_embedding = nn.Sequential(
+            nn.Linear(hidden_dim * 2, hidden_dim), nn.ReLU(inplace=True), nn.Linear(hidden_dim, hidden_dim))
+        if self.uses_camera:
+            self.rv_embedding = nn.Sequential(
+                nn.Linear(depth_num * 3, hidden_dim * 4), nn.ReLU(inplace=True), nn.Linear(hidden_dim * 4, hidden_dim))
+        num_layers = len(self.transformer.decoder.layers)
+        self.task_heads = nn.ModuleList()
+        for num_cls in self.num_classes:
+            heads = dict(copy.deepcopy(common_heads), cls_logits=(num_cls, 2))
+            self.task_heads.append(build_head(dict(separate_head, in_channels=hidden_dim, heads=heads,
+                                                   groups=num_layers)))
+        if train_cfg:
+            self.assigner = build_assigner(train_cfg['assigner'])
+        self.init_query_routing(aqr_config, attention_bias_config, modulation, weight_renderer_config,
+                                feature_modulator_config)
+
+    def init_weights(self) -> None:
+        """Children's initialisation, then anchor reference points uniform in ``[0, 1]^3``."""
+        super().init_weights()
+        nn.init.uniform_(self.reference_points.weight, 0, 1)
+
+    # ------------------------------------------------------------------ position encodings
+    def _check_bev_size(self, height: int, width: int) -> None:
+        cfg = self.train_cfg or self.test_cfg or {}
+        grid_size = cfg.get('grid_size')
+        if grid_size is None:
+            return
+        expected = (grid_size[1] // self.downsample_scale, grid_size[0] // self.downsample_scale)
+        if (height, width) != expected:
+            raise ValueError(f'the BEV feature map is {height}x{width} but grid_size {list(grid_size)} / '
+                             f'downsample_scale {self.downsample_scale} gives {expected[0]}x{expected[1]}; '
+                             f'make the voxel grid, sparse_shape and grid_size of the config agree')
+
+    def bev_pos_embed(self, height: int, width: int, device: torch.device) -> Tensor:
+        """Embedding of the BEV cell centres, ``[height * width, C]`` (row-major)."""
+        return self.bev_embedding(pos2embed(bev_grid_coords(height, width, device), self.hidden_dim))
+
+    def rv_pos_embed(self, img_feat: Tensor, img_metas: Sequence[dict]) -> Tensor:
+        """Embedding of the camera feature cells' frustums.
+
+        Args:
+            img_feat (Tensor): ``[bs * N, C, h, w]``.
+            img_metas (Sequence[dict]): ``lidar2img`` (N matrices) and ``pad_shape``.
+
+        Returns:
+            Tensor: ``[bs * N, h, w, C]``.
+        """
+        lidar2img = stack_lidar2img(img_metas, img_feat.device)
+        bs, num_views = lidar2img.shape[:2]
+        if bs * num_views != img_feat.size(0):
+            raise ValueError(f'img_metas describe {bs} samples x {num_views} views but the camera features have '
+                             f'{img_feat.size(0)} maps')
+        img2lidar = invert_lidar2img(lidar2img).flatten(0, 1)
+        depths = depth_bins(self.depth_num, self.pc_range[3], img_feat.device)
+        frustum = image_frustum_points(img_feat.shape[-2:], pad_shape_hw(img_metas), depths)
+        points = torch.einsum('hwdo,nco->nhwdc', frustum, img2lidar)[..., :3]
+        return self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
+
+    def query_pos_embed(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
+        """Positional embedding of the queries.
+
+        Args:
+            reference_points (Tensor): ``[bs, P, 3]`` normalised reference points.
+            img_metas (Sequence[dict]): needs ``lidar2img`` and ``pad_shape``
+                when the head uses the camera.
+
+        Returns:
+            Tensor: ``[bs, P, C]``.
+        """
+        reference_points = inverse_sigmoid(reference_points).sigmoid()
+        embed = self.bev_embedding(pos2embed(reference_points, self.hidden_dim))
+        if self.uses_camera:
+            embed = embed + self._camera_query_embed(reference_points, img_metas)
+        return embed
+
+    def _camera_query_embed(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
+        """Sum over the views that see each reference point of its frustum embedding, ``[bs, P, C]``."""
+        lidar2img = stack_lidar2img(img_metas, reference_points.device)
+        if lidar2img.size(0) != reference_points.size(0):
+            raise ValueError(f'{lidar2img.size(0)} img_metas for a batch of {reference_points.size(0)}')
+        points = denormalize_points(reference_points, self.pc_range)
+        image_points, visible = project_to_views(points, lidar2img, pad_shape_hw(img_metas))
+        depths = depth_bins(self.depth_num, self.pc_range[3], points.device)
+        frustums = lift_pixels(image_points, depths, invert_lidar2img(lidar2img))
+        embeds = self.rv_embedding(normalize_points(frustums, self.pc_range).flatten(-2))
+        return (embeds * visible.unsqueeze(-1)).sum(dim=1)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self,
+                pts_feats: Sequence[Optional[Tensor]],
+                img_feats: Sequence[Optional[Tensor]],
+                img_metas: Sequence[dict],
+                gt_bboxes_3d: Optional[Sequence[LiDARInstance3DBoxes]] = None,
+                gt_labels_3d: Optional[Sequence[Tensor]] = None) -> Tuple[List[dict], ...]:
+        """Decode the queries into per-task predictions.
+
+        Only the first (finest) level of ``pts_feats`` and ``img_feats`` is used.
+
+        Args:
+            pts_feats (Sequence[Tensor | None]): BEV maps ``[bs, in_channels, H, W]``.
+            img_feats (Sequence[Tensor | None]): camera maps ``[bs * N, C, h, w]``.
+            img_metas (Sequence[dict]): one dict per sample.
+            gt_bboxes_3d (Sequence[LiDARInstance3DBoxes], optional): boxes with
+                velocity; in training mode they make the DN queries.
+            gt_labels_3d (Sequence[Tensor], optional): global class indices.
+
+        Returns:
+            tuple[list[dict]]: per task a one-element list (one feature level)
+            with ``center [L, bs, Q, 2]`` and ``height [L, bs, Q, 1]`` in metres,
+            ``dim [L, bs, Q, 3]``, ``rot [L, bs, Q, 2]``, ``vel [L, bs, Q, 2]``,
+            ``cls_logits [L, bs, Q, C_t]``; in training also ``dn_queries``
+            (``DenoisingQueries`` or None) and, with DN queries, the same six
+            outputs for them prefixed ``dn_`` (``[L, bs, pad_size, .]``).
+            With AQR the first task's dict also holds ``aqr_routing``
+            (:class:`QueryRouting`: the weights and projections of the queries).
+        """
+        bev_feat = self._bev_input(pts_feats)
+        img_feat = self._camera_input(img_feats)
+        batch_size = bev_feat.size(0) if bev_feat is not None else len(img_metas)
+        if len(img_metas) != batch_size:
+            raise ValueError(f'{len(img_metas)} img_metas for a batch of {batch_size}')
+
+        dn_queries = None
+        if self.training and self.scalar > 0:
+            if gt_bboxes_3d is None or gt_labels_3d is None:
+                raise ValueError(f'{type(self).__name__} trains with denoising queries: pass gt_bboxes_3d and '
+                                 f'gt_labels_3d to forward (or set scalar=0)')
+            boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d)
+            dn_queries = build_dn_queries(boxes, labels, self.num_query, self.scalar, self.bbox_noise_scale,
+                                          self.bbox_noise_trans, self.split, self.pc_range, sum(self.num_classes))
+        anchors = self.reference_points.weight.unsqueeze(0).expand(batch_size, -1, -1)
+        if dn_queries is not None:
+            reference_points = torch.cat((dn_queries.reference_points.to(anchors.dtype), anchors), dim=1)
+            self_attn_mask = dn_queries.self_attn_mask
+        else:
+            reference_points, self_attn_mask = anchors, None
+
+        query_embed = self.query_pos_embed(reference_points, img_metas)
+        bev_pos = self.bev_pos_embed(*bev_feat.shape[-2:], bev_feat.device) if bev_feat is not None else None
+        rv_pos = self.rv_pos_embed(img_feat, img_metas) if img_feat is not None else None
+        routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
+                                    dn_queries)
+        outs_dec = self._run_transformer(routed.bev_feat, bev_pos, routed.img_feat, rv_pos, query_embed,
+                                         self_attn_mask, routed.cross_attn_bias)
+        outs_dec = torch.nan_to_num(outs_dec)
+        preds_dicts = self._task_predictions(outs_dec, reference_points, dn_queries)
+        if routed.routing is not None:
+            preds_dicts[0][0]['aqr_routing'] = routed.routing
+        return preds_dicts
+
+    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
+             preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
+        """Detection losses (see ``CmtHeadLossMixin.loss``) plus AQR's auxiliary routing loss when enabled."""
+        losses = super().loss(gt_bboxes_3d, gt_labels_3d, preds_dicts)
+        losses.update(self.routing_loss(routing_of(preds_dicts)))
+        return losses
+
+    def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> Optional[Tensor]:
+        if not pts_feats or pts_feats[0] is None:
+            raise ValueError(f'{type(self).__name__} needs LiDAR BEV features (pts_feats[0])')
+        bev_feat = self.shared_conv(pts_feats[0])
+        self._check_bev_size(*bev_feat.shape[-2:])
+        return bev_feat
+
+    def _camera_input(self, img_feats: Sequence[Optional[Tensor]]) -> Optional[Tensor]:
+        if not img_feats or img_feats[0] is None:
+            raise ValueError(f'{type(self).__name__} needs camera features (img_feats[0])')
+        return img_feats[0]
+
+    def _run_transformer(self, bev_feat: Optional[Tensor], bev_pos: Optional[Tensor], img_feat: Optional[Tensor],
+                         rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
+                         cross_attn_bias) -> Tensor:
+        """Decoder outputs ``[L, bs, P, C]``."""
+        outs_dec, _ = self.transformer(bev_feat, img_feat, query_embed, bev_pos, rv_pos,
+                                       self_attn_mask=self_attn_mask, cross_attn_bias=cross_attn_bias)
+        return outs_dec
+
+    def _task_predictions(self, outs_dec: Tensor, reference_points: Tensor,
+                          dn_queries: Optional[DenoisingQueries]) -> Tuple[List[dict], ...]:
+        reference = inverse_sigmoid(reference_points)
+        low = reference_points.new_tensor(self.pc_range[:3])
+        extent = reference_points.new_tensor(self.pc_range[3:6]) - low
+        pad_size = dn_queries.pad_size if dn_queries is not None else 0
+        preds_dicts = []
+        for task_head in self.task_heads:
+            outs = task_head(outs_dec)
+            outs['center'] = (outs['center'] + reference[..., :2]).sigmoid() * extent[:2] + low[:2]
+            outs['height'] = (outs['height'] + reference[..., 2:3]).sigmoid() * extent[2:] + low[2:]
+            if self.training:
+                for key in list(outs):
+                    if pad_size:
+                        outs['dn_' + key] = outs[key][:, :, :pad_size]
+                    outs[key] = outs[key][:, :, pad_size:]
+                outs['dn_queries'] = dn_queries
+            preds_dicts.append([outs])
+        return tuple(preds_dicts)
+
+    # ------------------------------------------------------------------ inference
+    @force_fp32(apply_to=('preds_dicts', ))
+    def get_bboxes(self, preds_dicts: Sequence[List[dict]], img_metas: Sequence[dict], img: Optional[Tensor] = None,
+                   rescale: bool = False) -> List[list]:
+        """Decode the last decoder layer into boxes (NMS-free).
+
+        Args:
+            preds_dicts: output of :meth:`forward`.
+            img_metas (Sequence[dict]): ``box_type_3d`` per sample (default
+                ``LiDARInstance3DBoxes``).
+            img, rescale: unused (mmdet3d's interface).
+
+        Returns:
+            list[list]: per sample ``[boxes (box_type_3d, bottom centre,
+            9-dim), scores [N], labels [N]]``.
+        """
+        results = []
+        for meta, decoded in zip(img_metas, self.bbox_coder.decode(preds_dicts)):
+            bboxes = decoded['bboxes'].clone()
+            bboxes[:, 2] = bboxes[:, 2] - bboxes[:, 5] * 0.5
+            box_type = meta.get('box_type_3d', LiDARInstance3DBoxes)
+            results.append([box_type(bboxes, box_dim=bboxes.size(-1)), decoded['scores'], decoded['labels']])
+        return results
+
+
+@HEADS.register_module()
+class CmtLidarHead(CmtHead):
+    """LiDAR-only head: queries attend to BEV tokens; no ``rv_embedding``."""
+
+    uses_camera = False
+
+    def _camera_input(self, img_feats: Sequence[Optional[Tensor]]) -> None:
+        if img_feats and img_feats[0] is not None:
+            raise ValueError('CmtLidarHead uses no camera features, but img_feats were given; use CmtHead for '
+                             'fusion')
+        return None
+
+    def _run_transformer(self, bev_feat: Tensor, bev_pos: Tensor, img_feat: None, rv_pos: None,
+                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias) -> Tensor:
+        outs_dec, _ = self.transformer(bev_feat, query_embed, bev_pos, self_attn_mask=self_attn_mask,
+                                       cross_attn_bias=cross_attn_bias)
+        return outs_dec
+
+
+@HEADS.register_module()
+class CmtImageHead(CmtHead):
+    """Camera-only head: queries attend to camera tokens; no ``shared_conv``."""
+
+    uses_lidar = False
+
+    def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> None:
+        if pts_feats and pts_feats[0] is not None:
+            raise ValueError('CmtImageHead uses no LiDAR features, but pts_feats were given; use CmtHead for '
+                             'fusion')
+        return None
+
+    def _run_transformer(self, bev_feat: None, bev_pos: None, img_feat: Tensor, rv_pos: Tensor,
+                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias) -> Tensor:
+        outs_dec, _ = self.transformer(img_feat, query_embed, rv_pos, self_attn_mask=self_attn_mask,
+                                       cross_attn_bias=cross_attn_bias)
+        return outs_dec

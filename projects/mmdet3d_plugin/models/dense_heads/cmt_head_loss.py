@@ -1,0 +1,212 @@
+"""The losses of CMT's head: Hungarian-matched focal + L1 losses and the denoising losses.
+
+For every decoder layer and every task head:
+
+* **matching loss**: each sample's queries are matched one-to-one to the
+  task's ground-truth boxes (``HungarianAssigner3D``); the focal
+  classification loss covers all queries (unmatched ones are background) and
+  is averaged over ``max(num_pos + 0.1 * num_neg, 1)``; the L1 loss compares
+  the matched queries' 10-value codes with :func:`normalize_bbox` of their
+  boxes, weighted by ``train_cfg['code_weights']`` and averaged over
+  ``num_pos``.
+* **DN loss** (training with denoising queries): each DN query is compared
+  with the box it was made from, the classification averaged over
+  ``M * pi / 6 * split^3`` (the expected number of positive copies, as in
+  upstream CMT) and the L1 loss over the number of DN targets (averaged over
+  GPUs). A batch without any ground-truth box has no DN queries: its DN losses
+  are zeros attached to the graph, so the set of logged losses never changes.
+
+Keys: ``loss_cls`` / ``loss_bbox`` (last layer), ``d{i}.loss_cls`` / ``d{i}.loss_bbox``
+(layer ``i``), and the same with ``dn_`` when DN training is on.
+"""
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from mmcv.runner import force_fp32
+from mmdet.core import reduce_mean
+from torch import Tensor
+
+from ...core.bbox.util import normalize_bbox
+from ..utils.denoising import DenoisingQueries
+
+REGRESSION_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
+
+
+def gravity_center_boxes(boxes) -> Tensor:
+    """``[n, 9]`` ``(x, y, z, w, l, h, yaw, vx, vy)`` with ``(x, y, z)`` the gravity centre of mmdet3d boxes."""
+    if boxes.tensor.size(-1) != 9:
+        raise ValueError(f'CMT regresses velocity: gt boxes need 9 values (x, y, z, w, l, h, yaw, vx, vy), got '
+                         f'{boxes.tensor.size(-1)} (load the annotations with velocity)')
+    return torch.cat((boxes.gravity_center, boxes.tensor[:, 3:]), dim=1)
+
+
+def regression_code(preds: Dict[str, Tensor], prefix: str = '') -> Tensor:
+    """``[L, bs, Q, 10]``: the regression branches concatenated in CMT's code order."""
+    return torch.cat([preds[prefix + key] for key in REGRESSION_KEYS], dim=-1)
+
+
+def task_labels(labels: Tensor, offset: int, num_task_classes: int) -> Tensor:
+    """Global class indices -> the task's own indices; classes of other tasks (and background) -> ``num_task_classes``."""
+    local = labels - offset
+    outside = (local < 0) | (local >= num_task_classes)
+    return torch.where(outside, torch.full_like(local, num_task_classes), local)
+
+
+class CmtHeadLossMixin:
+    """``loss`` of :class:`CmtHead`; reads the head's ``assigner``, ``loss_cls``,
+    ``loss_bbox``, ``num_classes``, ``train_cfg``, ``scalar``, ``split`` and ``dn_weight``."""
+
+    def gt_boxes_and_labels(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor]
+                            ) -> Tuple[List[Tensor], List[Tensor]]:
+        """Per sample gravity-centre boxes ``[n, 9]`` and long labels ``[n]``, checked against the classes."""
+        if len(gt_bboxes_3d) != len(gt_labels_3d):
+            raise ValueError(f'{len(gt_bboxes_3d)} box sets but {len(gt_labels_3d)} label sets')
+        boxes, labels = [], []
+        total = sum(self.num_classes)
+        for index, (sample_boxes, sample_labels) in enumerate(zip(gt_bboxes_3d, gt_labels_3d)):
+            sample_labels = sample_labels.long()
+            if sample_labels.numel() != len(sample_boxes):
+                raise ValueError(f'sample {index}: {len(sample_boxes)} boxes but {sample_labels.numel()} labels')
+            if sample_labels.numel() and (sample_labels.min() < 0 or sample_labels.max() >= total):
+                raise ValueError(f'sample {index}: labels must be in [0, {total}), got {sample_labels.tolist()}')
+            device = self.reference_points.weight.device
+            boxes.append(gravity_center_boxes(sample_boxes).to(device))
+            labels.append(sample_labels.to(device))
+        return boxes, labels
+
+    def _class_offsets(self) -> List[int]:
+        offsets, start = [], 0
+        for count in self.num_classes:
+            offsets.append(start)
+            start += count
+        return offsets
+
+    def _code_weights(self, like: Tensor) -> Tensor:
+        if not self.train_cfg or 'code_weights' not in self.train_cfg:
+            raise KeyError(f"{type(self).__name__}.loss needs train_cfg['code_weights'] (10 values)")
+        return like.new_tensor(self.train_cfg['code_weights'])
+
+    @force_fp32(apply_to=('preds_dicts', ))
+    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
+             preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
+        """Matching and DN losses of every decoder layer.
+
+        Args:
+            gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample, with velocity.
+            gt_labels_3d (Sequence[Tensor]): per sample global class indices.
+            preds_dicts: output of the head's ``forward`` in training mode.
+
+        Returns:
+            dict[str, Tensor]: scalar losses (see the module docstring).
+        """
+        if not hasattr(self, 'assigner'):
+            raise RuntimeError(f'{type(self).__name__} was built without train_cfg; it cannot compute losses')
+        boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d)
+        offsets = self._class_offsets()
+        task_gts = []
+        for offset, num_cls in zip(offsets, self.num_classes):
+            per_sample = []
+            for sample_boxes, sample_labels in zip(boxes, labels):
+                local = task_labels(sample_labels, offset, num_cls)
+                keep = local < num_cls
+                per_sample.append((sample_boxes[keep], local[keep]))
+            task_gts.append(per_sample)
+
+        num_layers = preds_dicts[0][0]['cls_logits'].size(0)
+        losses: Dict[str, Tensor] = {}
+        matching = [self._layer_matching_loss(preds_dicts, task_gts, layer) for layer in range(num_layers)]
+        self._name_layer_losses(losses, matching, '')
+        if self.scalar > 0:
+            dn_queries: Optional[DenoisingQueries] = preds_dicts[0][0].get('dn_queries')
+            num_targets = dn_queries.query_index.numel() if dn_queries is not None else 0
+            # every rank calls reduce_mean exactly once, with or without DN queries
+            bbox_avg_factor = torch.clamp(reduce_mean(matching[-1][0].new_tensor([num_targets])), min=1).item()
+            dn = [self._layer_dn_loss(preds_dicts, dn_queries, offsets, layer, bbox_avg_factor)
+                  for layer in range(num_layers)]
+            self._name_layer_losses(losses, dn, 'dn_')
+        return losses
+
+    @staticmethod
+    def _name_layer_losses(losses: Dict[str, Tensor], per_layer: Sequence[Tuple[Tensor, Tensor]], prefix: str) -> None:
+        losses[f'{prefix}loss_cls'], losses[f'{prefix}loss_bbox'] = per_layer[-1]
+        for layer, (loss_cls, loss_bbox) in enumerate(per_layer[:-1]):
+            losses[f'd{layer}.{prefix}loss_cls'] = loss_cls
+            losses[f'd{layer}.{prefix}loss_bbox'] = loss_bbox
+
+    def _layer_matching_loss(self, preds_dicts, task_gts, layer: int) -> Tuple[Tensor, Tensor]:
+        loss_cls, loss_bbox = 0, 0
+        for task_id, task_preds in enumerate(preds_dicts):
+            preds = task_preds[0]
+            task_cls, task_bbox = self._matching_loss(
+                regression_code(preds)[layer], preds['cls_logits'][layer], task_gts[task_id])
+            loss_cls, loss_bbox = loss_cls + task_cls, loss_bbox + task_bbox
+        return loss_cls, loss_bbox
+
+    def _matching_loss(self, codes: Tensor, logits: Tensor,
+                       gts: Sequence[Tuple[Tensor, Tensor]]) -> Tuple[Tensor, Tensor]:
+        """One task, one decoder layer.
+
+        Args:
+            codes (Tensor): ``[bs, Q, 10]`` predicted codes.
+            logits (Tensor): ``[bs, Q, C_t]``.
+            gts: per sample ``(boxes [n, 9], task labels [n])``.
+        """
+        num_task_classes = logits.size(-1)
+        cls_targets, pos_preds, pos_targets = [], [], []
+        for sample_codes, sample_logits, (gt_boxes, gt_labels) in zip(codes, logits, gts):
+            assigned = self.assigner.assign(sample_codes, sample_logits, gt_boxes, gt_labels).gt_inds
+            positive = assigned > 0
+            matched = assigned[positive] - 1
+            targets = torch.full_like(assigned, num_task_classes)
+            targets[positive] = gt_labels[matched]
+            cls_targets.append(targets)
+            pos_preds.append(sample_codes[positive])
+            pos_targets.append(gt_boxes[matched])
+        cls_targets = torch.cat(cls_targets)
+        num_pos = sum(len(p) for p in pos_preds)
+        num_neg = cls_targets.numel() - num_pos
+        flat_logits = logits.flatten(0, 1)
+        loss_cls = self.loss_cls(flat_logits, cls_targets, torch.ones_like(cls_targets, dtype=flat_logits.dtype),
+                                 avg_factor=max(num_pos + 0.1 * num_neg, 1.0))
+        loss_bbox = self._code_l1_loss(torch.cat(pos_preds), torch.cat(pos_targets), avg_factor=num_pos)
+        return torch.nan_to_num(loss_cls), torch.nan_to_num(loss_bbox)
+
+    def _code_l1_loss(self, pred_codes: Tensor, gt_boxes: Tensor, avg_factor: float) -> Tensor:
+        """L1 between ``[n, 10]`` predicted codes and the codes of ``[n, 9]`` boxes, non-finite targets skipped."""
+        target = normalize_bbox(gt_boxes)
+        finite = torch.isfinite(target).all(dim=-1)
+        weights = self._code_weights(pred_codes).expand_as(pred_codes)
+        return self.loss_bbox(pred_codes[finite], target[finite], weights[finite], avg_factor=avg_factor)
+
+    def _layer_dn_loss(self, preds_dicts, dn_queries: Optional[DenoisingQueries], offsets: Sequence[int], layer: int,
+                       bbox_avg_factor: float) -> Tuple[Tensor, Tensor]:
+        loss_cls, loss_bbox = 0, 0
+        for task_id, task_preds in enumerate(preds_dicts):
+            preds = task_preds[0]
+            if dn_queries is None:
+                zero = preds['cls_logits'][layer].sum() * 0
+                task_cls, task_bbox = zero, zero
+            else:
+                task_cls, task_bbox = self._dn_loss(regression_code(preds, 'dn_')[layer], preds['dn_cls_logits'][layer],
+                                                    dn_queries, offsets[task_id], bbox_avg_factor)
+            loss_cls, loss_bbox = loss_cls + task_cls, loss_bbox + task_bbox
+        return loss_cls, loss_bbox
+
+    def _dn_loss(self, codes: Tensor, logits: Tensor, dn_queries: DenoisingQueries, offset: int,
+                 bbox_avg_factor: float) -> Tuple[Tensor, Tensor]:
+        """One task, one decoder layer of DN queries (``codes [bs, pad, 10]``, ``logits [bs, pad, C_t]``)."""
+        num_task_classes = logits.size(-1)
+        index = (dn_queries.batch_index, dn_queries.query_index)
+        codes, logits = codes[index], logits[index]
+        num_targets = dn_queries.query_index.numel()
+        cls_targets = task_labels(dn_queries.labels, offset, num_task_classes)
+        avg_factor = max(num_targets * math.pi / 6 * self.split ** 3, 1.0)
+        loss_cls = self.loss_cls(logits, cls_targets, torch.ones_like(cls_targets, dtype=logits.dtype),
+                                 avg_factor=avg_factor)
+        in_task = task_labels(dn_queries.gt_labels, offset, num_task_classes) < num_task_classes
+        if in_task.any():
+            loss_bbox = self._code_l1_loss(codes[in_task], dn_queries.gt_bboxes[in_task], avg_factor=bbox_avg_factor)
+        else:
+            loss_bbox = codes.sum() * 0
+        return (self.dn_weight * torch.nan_to_num(loss_cls), self.dn_weight * torch.nan_to_num(loss_bbox))

@@ -1,0 +1,259 @@
+"""Test-time sensor corruptions: each mode changes exactly what it says, placed right in the fusion test pipeline."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from mmcv.utils import build_from_cfg
+from mmdet.datasets.builder import PIPELINES
+from mmdet3d.core.points import LiDARPoints
+
+from projects.mmdet3d_plugin.datasets.camera_geometry import lidar2cam_from_sensor2lidar
+from projects.mmdet3d_plugin.datasets.corruption_config import corrupt_config, insert_corruption
+from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, camera_forward_yaw, kept_beams,
+                                                                   parse_corruption, points_in_sweep_frames)
+
+SAMPLE = 0  # val sample 0 of the synthetic set
+
+
+@pytest.fixture(scope='module')
+def run_test_pipeline(synthetic_root, created_data, cmt):
+    """Factory: ``(points [N, 5], img [V, 3, H, W], img_metas)`` of a val sample through the fusion test pipeline.
+
+    ``corruption=None`` gives the clean sample (cached); otherwise the
+    corruption is inserted with ``insert_corruption(**options)``.
+    """
+    clean = {}
+
+    def run(corruption=None, index=SAMPLE, **options):
+        if corruption is None and index in clean:
+            return clean[index]
+        pipeline = cmt.test_pipeline()
+        if corruption is not None:
+            pipeline = insert_corruption(pipeline, corruption, **options)
+        data = cmt.build_dataset(synthetic_root, created_data['val'], pipeline, test_mode=True)[index]
+        output = data['points'][0].data, data['img'][0].data, data['img_metas'][0].data
+        if corruption is None:
+            clean[index] = output
+        return output
+
+    return run
+
+
+@pytest.fixture(scope='module')
+def clean_rings(synthetic_root, created_data, cmt):
+    """``[N]`` ring index of every point of the clean sample, read from the LiDAR files (key frame, then sweeps)."""
+    info = cmt.build_dataset(synthetic_root, created_data['val'], [], test_mode=True).get_data_info(SAMPLE)
+    files = [info['pts_filename']] + [sweep['data_path'] for sweep in info['sweeps']]
+    return np.concatenate([np.fromfile(path, dtype=np.float32).reshape(-1, 5)[:, 4] for path in files])
+
+
+def _black_after_normalisation(cmt):
+    """``[3, 1, 1]`` value of a black pixel after NormalizeMultiviewImage (to_rgb=False in the config)."""
+    assert not cmt.IMG_NORM_CFG['to_rgb']
+    return torch.tensor([-m / s for m, s in zip(cmt.IMG_NORM_CFG['mean'], cmt.IMG_NORM_CFG['std'])]).view(3, 1, 1)
+
+
+def _rows(points):
+    return {tuple(row) for row in points.tolist()}
+
+
+@pytest.mark.parametrize('spec, expected', [
+    ('lidar_drop', dict(mode='lidar_drop')),
+    (' camera_drop ', dict(mode='camera_drop')),
+    ('view_drop:2', dict(mode='view_drop', view=2)),
+    ('fov:120', dict(mode='fov', fov_deg=120.0)),
+    ('beams:16', dict(mode='beams', keep_beams=16)),
+    ('points:0.1', dict(mode='points', keep_ratio=0.1)),
+])
+def test_parse_corruption(spec, expected):
+    assert parse_corruption(spec) == dict(type='SensorCorruption', **expected)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('radar_drop', 'unknown corruption mode'), ('', 'must be a string'), ('view_drop', 'needs view'),
+    ('view_drop:2.5', 'not a camera view index'), ('view_drop:-1', 'view must be'), ('fov:0', 'fov_deg must be'),
+    ('fov:400', 'fov_deg must be'), ('fov:abc', 'not an angle'), ('fov:', 'not an angle'),
+    ('beams:0', 'keep_beams must be'), ('points:1.5', 'keep_ratio must be'), ('points:nan', 'keep_ratio must be'),
+    ('lidar_drop:3', 'takes no argument'),
+])
+def test_parse_errors_name_the_cause(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_corruption(spec)
+
+
+def test_transform_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"\['keep_beams'\] are not arguments of mode 'fov'"):
+        build_from_cfg(dict(type='SensorCorruption', mode='fov', fov_deg=90, keep_beams=4), PIPELINES)
+    with pytest.raises(ValueError, match='keep_beams must be a number of beams'):
+        build_from_cfg(dict(type='SensorCorruption', mode='beams', keep_beams=float('inf')), PIPELINES)
+    with pytest.raises(ValueError, match='cannot keep 64 beams'):
+        build_from_cfg(dict(type='SensorCorruption', mode='beams', keep_beams=64), PIPELINES)
+    with pytest.raises(KeyError, match='needs results'):
+        build_from_cfg(dict(type='SensorCorruption', mode='camera_drop'), PIPELINES)(dict(points=None))
+
+
+def test_insertion_goes_after_the_loaders_and_before_test_time_augmentation(cmt):
+    pipeline = cmt.test_pipeline()
+    corrupted = insert_corruption(pipeline, 'beams:8', seed=3)
+    types = [step['type'] for step in corrupted]
+    assert types == ['LoadPointsFromFile', 'LoadPointsFromMultiSweeps', 'LoadMultiViewImageFromFiles',
+                     'SensorCorruption', 'MultiScaleFlipAug3D']
+    assert corrupted[3] == dict(type='SensorCorruption', mode='beams', keep_beams=8, seed=3, sweep_time_column=4)
+    collect = corrupted[4]['transforms'][-1]
+    assert collect['type'] == 'Collect3D' and CORRUPTION_KEY in collect['meta_keys']
+    assert pipeline == cmt.test_pipeline()  # the input is not modified
+
+
+def test_insertion_refuses_pipelines_it_cannot_corrupt(cmt):
+    pipeline = cmt.test_pipeline()
+    lidar_only = [step for step in pipeline if step['type'] != 'LoadMultiViewImageFromFiles']
+    with pytest.raises(ValueError, match='no top-level LoadMultiViewImageFromFiles'):
+        insert_corruption(lidar_only, 'view_drop:1')
+    camera_only = [step for step in pipeline if not step['type'].startswith('LoadPoints')]
+    with pytest.raises(ValueError, match='no top-level LoadPointsFromFile'):
+        insert_corruption(camera_only, 'points:0.5')
+    normalised_early = pipeline[:2] + [dict(type='NormalizeMultiviewImage', **cmt.IMG_NORM_CFG)] + pipeline[2:]
+    with pytest.raises(ValueError, match=r"\(\['NormalizeMultiviewImage'\]\) before its last loading step"):
+        insert_corruption(normalised_early, 'camera_drop')
+    with pytest.raises(ValueError, match='already holds a SensorCorruption'):
+        insert_corruption(insert_corruption(pipeline, 'camera_drop'), 'lidar_drop')
+    no_time = copy.deepcopy(pipeline)
+    no_time[1]['use_dim'] = [0, 1, 2, 3]
+    with pytest.raises(ValueError, match='drops the sweep time'):
+        insert_corruption(no_time, 'beams:16')
+    with pytest.raises(ValueError, match='unknown corruption mode'):
+        insert_corruption(pipeline, 'snow')
+
+
+def test_corrupt_config_rewrites_the_val_and_test_pipelines_of_a_copy(cmt):
+    cfg = cmt.cfg
+    corrupted = corrupt_config(cfg, 'camera_drop')
+    for split in ('val', 'test'):
+        assert [step['type'] for step in corrupted.data[split].pipeline][3] == 'SensorCorruption'
+        assert 'SensorCorruption' not in [step['type'] for step in cfg.data[split].pipeline]
+    assert 'SensorCorruption' not in [step['type'] for step in corrupted.data.train.dataset.pipeline]
+
+
+def test_lidar_drop_leaves_no_point_and_the_pipeline_runs_through(run_test_pipeline):
+    clean_points, clean_img, _ = run_test_pipeline()
+    points, img, metas = run_test_pipeline('lidar_drop')
+    assert points.shape == (0, clean_points.shape[1]) and points.dtype == clean_points.dtype
+    assert torch.equal(img, clean_img)
+    assert metas[CORRUPTION_KEY] == dict(name='lidar_drop', mode='lidar_drop', num_points_before=len(clean_points),
+                                         num_points_after=0)
+
+
+def test_camera_drop_makes_every_pixel_black_before_normalisation(run_test_pipeline, cmt):
+    clean_points, clean_img, _ = run_test_pipeline()
+    points, img, metas = run_test_pipeline('camera_drop')
+    black = _black_after_normalisation(cmt).expand_as(img[0])
+    assert all(torch.allclose(view, black) for view in img)
+    assert not any(torch.allclose(view, black) for view in clean_img)
+    assert torch.equal(points, clean_points)
+    assert metas[CORRUPTION_KEY]['views'] == list(range(len(img)))
+
+
+@pytest.mark.parametrize('view', [0, 4])
+def test_view_drop_blacks_out_that_view_only(run_test_pipeline, cmt, view):
+    clean_points, clean_img, clean_metas = run_test_pipeline()
+    points, img, metas = run_test_pipeline(f'view_drop:{view}')
+    black = _black_after_normalisation(cmt).expand_as(img[0])
+    assert torch.allclose(img[view], black) and not torch.allclose(clean_img[view], black)
+    others = [v for v in range(len(img)) if v != view]
+    assert torch.equal(img[others], clean_img[others]) and torch.equal(points, clean_points)
+    names = ['CAM_FRONT', 'CAM_FRONT_RIGHT', 'CAM_FRONT_LEFT', 'CAM_BACK', 'CAM_BACK_LEFT', 'CAM_BACK_RIGHT']
+    assert metas[CORRUPTION_KEY]['camera'] == names[view] == clean_metas['filename'][view].split('/')[-2]
+
+
+def test_view_drop_of_a_missing_view_is_a_clear_error(run_test_pipeline):
+    with pytest.raises(ValueError, match=r'has 6 camera views \(0..5\)'):
+        run_test_pipeline('view_drop:6')
+
+
+def test_fov_keeps_exactly_the_points_in_the_forward_wedge(run_test_pipeline):
+    clean_points, clean_img, _ = run_test_pipeline()
+    points, img, metas = run_test_pipeline('fov:120')
+    # The synthetic rig is nuScenes': CAM_FRONT looks along LiDAR +y.
+    assert metas[CORRUPTION_KEY]['forward_yaw_deg'] == pytest.approx(90.0, abs=1e-6)
+    azimuth = torch.rad2deg(torch.atan2(clean_points[:, 1], clean_points[:, 0]))
+    inside = (azimuth >= 30.0) & (azimuth <= 150.0)
+    assert torch.equal(points, clean_points[inside])
+    assert 0.2 < len(points) / len(clean_points) < 0.5
+    assert torch.equal(img, clean_img)
+
+
+def test_forward_direction_follows_the_front_camera_of_any_rig():
+    """A level camera turned to look along yaw 135 deg in the LiDAR frame."""
+    yaw = np.deg2rad(135.0)
+    forward = [np.cos(yaw), np.sin(yaw), 0.0]
+    cam_axes_in_lidar = np.array([[np.sin(yaw), -np.cos(yaw), 0.0], [0.0, 0.0, -1.0], forward]).T  # cam x, y, z
+    lidar2cam = lidar2cam_from_sensor2lidar(cam_axes_in_lidar, [0.5, 0.0, 1.0])
+    assert np.degrees(camera_forward_yaw(lidar2cam)) == pytest.approx(135.0)
+    points = LiDARPoints(torch.tensor([[-10.0, 9.0, 0.0, 0.0], [10.0, 0.0, 0.0, 0.0], [0.0, 10.0, 0.0, 0.0]]),
+                         points_dim=4)
+    fov = build_from_cfg(dict(type='SensorCorruption', mode='fov', fov_deg=60), PIPELINES)
+    kept = fov(dict(points=points, camera_names=['CAM_FRONT'], lidar2cam=[lidar2cam]))['points']
+    assert kept.tensor[:, 0].tolist() == [-10.0]
+    with pytest.raises(KeyError, match='give forward_yaw_deg'):
+        fov(dict(points=points))
+    by_yaw = build_from_cfg(dict(type='SensorCorruption', mode='fov', fov_deg=60, forward_yaw_deg=0), PIPELINES)
+    assert by_yaw(dict(points=points))['points'].tensor[:, 0].tolist() == [10.0]
+
+
+def test_beams_keeps_the_points_of_the_chosen_rings(run_test_pipeline, clean_rings):
+    """Checked against the ring index the LiDAR files store (the loaders overwrite it with the sweep time)."""
+    clean_points, _, _ = run_test_pipeline()
+    points, _, metas = run_test_pipeline('beams:8')
+    kept = kept_beams(32, 8)
+    assert metas[CORRUPTION_KEY]['kept_beams'] == kept.tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
+    assert len(clean_rings) == len(clean_points) and len(np.unique(clean_rings[clean_points[:, 4] > 0])) > 8
+    remaining = _rows(points)
+    actually_kept = np.array([row in remaining for row in map(tuple, clean_points.tolist())])
+    expected = np.isin(clean_rings, kept)
+    assert len(remaining) == len(points)
+    assert np.mean(actually_kept != expected) < 1e-3
+    assert set(np.unique(clean_rings[actually_kept]).tolist()) == set(kept.tolist())
+    assert 0.15 < len(points) / len(clean_points) < 0.4
+
+
+def test_points_in_sweep_frames_undoes_the_sweep_loader():
+    rng = np.random.default_rng(0)
+    angle = 0.3
+    rotation = np.array([[np.cos(angle), -np.sin(angle), 0], [np.sin(angle), np.cos(angle), 0], [0, 0, 1]])
+    sweep = dict(sensor2lidar_rotation=rotation, sensor2lidar_translation=np.array([-2.0, 0.5, 0.1]),
+                 timestamp=9_950_000)
+    measured = rng.normal(size=(5, 3)) * 10
+    key_frame = rng.normal(size=(3, 3)) * 10
+    in_key_frame = np.concatenate([key_frame, measured @ rotation.T + sweep['sensor2lidar_translation']])
+    lags = np.array([0, 0, 0, 0.05, 0.05, 0.05, 0.05, 0.05], dtype=np.float32)
+    back = points_in_sweep_frames(in_key_frame, lags, [sweep], timestamp=10.0)
+    assert np.allclose(back, np.concatenate([key_frame, measured]))
+    with pytest.raises(ValueError, match='matches none'):
+        points_in_sweep_frames(in_key_frame, lags + np.float32(0.02), [sweep], timestamp=10.0)
+
+
+def test_points_keeps_a_reproducible_random_fraction(run_test_pipeline):
+    clean_points, _, _ = run_test_pipeline()
+    points, _, metas = run_test_pipeline('points:0.25', seed=7)
+    assert len(points) == round(0.25 * len(clean_points)) == metas[CORRUPTION_KEY]['num_points_after']
+    assert _rows(points) <= _rows(clean_points)
+    again, _, _ = run_test_pipeline('points:0.25', seed=7)
+    other_seed, _, _ = run_test_pipeline('points:0.25', seed=8)
+    assert torch.equal(points, again) and not torch.equal(points, other_seed)
+    for lag in clean_points[:, 4].unique():  # drawn uniformly: about a quarter of the key frame and of each sweep
+        assert (points[:, 4] == lag).sum() / (clean_points[:, 4] == lag).sum() == pytest.approx(0.25, abs=0.03)
+
+
+def test_points_seed_depends_on_the_sample_token_not_on_the_loading_order():
+    points = LiDARPoints(torch.arange(400, dtype=torch.float32).reshape(100, 4), points_dim=4)
+    corruption = build_from_cfg(dict(type='SensorCorruption', mode='points', keep_ratio=0.5, seed=1), PIPELINES)
+
+    def draw(token):
+        return corruption(dict(points=points, sample_idx=token))['points'].tensor
+
+    first_a = draw('token-a')
+    draw('token-b')
+    assert torch.equal(draw('token-a'), first_a) and not torch.equal(draw('token-b'), first_a)
+    with pytest.raises(KeyError, match='sample_idx'):
+        corruption(dict(points=points))

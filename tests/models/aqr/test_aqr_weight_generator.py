@@ -1,0 +1,106 @@
+"""AQRWeightGenerator end to end on a tiny rig: shapes, ranges, invisible queries, gradients, aux loss."""
+import numpy as np
+import pytest
+import torch
+
+from projects.mmdet3d_plugin.models.aqr import AQRWeightGenerator
+from projects.mmdet3d_plugin.models.aqr.aux_loss import modality_drop_flags, routing_loss
+
+EMBED = 32
+
+
+def _inputs(rig, bs=2, num_queries=5, views=2, bev=(8, 8), feat=(4, 6)):
+    metas = [rig['meta']([rig['front'](), rig['back']()][:views]) for _ in range(bs)]
+    points = np.array([[5.0, 0.0, 0.0], [-5.0, 1.0, 0.0], [0.0, 9.0, 0.0], [9.0, -9.0, 2.0], [1.0, 1.0, 1.0]])
+    reference = torch.tensor(rig['normalise'](points[:num_queries]), dtype=torch.float32)
+    return dict(
+        query_embed=torch.randn(bs, num_queries, EMBED),
+        reference_points=reference[None].expand(bs, -1, -1).clone(),
+        bev_feat=torch.randn(bs, EMBED, *bev),
+        img_feat=torch.randn(bs * views, EMBED, *feat),
+        img_metas=metas,
+        pc_range=rig['pc_range'],
+        bev_pos=torch.randn(bev[0] * bev[1], EMBED),
+        img_pos=torch.randn(bs * views, feat[0], feat[1], EMBED))
+
+
+@pytest.mark.parametrize('activation', ['sigmoid', 'softmax'])
+def test_weights_are_probabilities_with_projection_info(rig, activation):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   weight_activation=activation).eval()
+    inputs = _inputs(rig)
+    lidar, camera, info = generator(**inputs)
+    assert lidar.shape == camera.shape == (2, 5)
+    for weights in (lidar, camera):
+        assert torch.isfinite(weights).all() and (weights >= 0).all() and (weights <= 1).all()
+    assert info['pts_bev'].shape == (2, 5, 2) and info['pts_idx'].shape == (2, 5)
+    assert info['pts_pers_idx'].shape == (2, 5, 3) and info['visible'].shape == (2, 5)
+    # (5, 0, 0) is seen by the front camera, (0, 9, 0) by neither
+    assert info['visible'][:, 0].all() and not info['visible'][:, 2].any()
+    assert (info['pts_pers_idx'][:, 2] == -1).all()
+
+
+def test_invisible_query_depends_only_on_its_lidar_window(rig):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64).eval()
+    inputs = _inputs(rig, bs=1)
+    lidar, camera, info = generator(**inputs)
+    assert not info['visible'][0, 2]
+    changed = dict(inputs, img_feat=torch.randn_like(inputs['img_feat']) * 10)
+    lidar2, camera2, _ = generator(**changed)
+    assert torch.allclose(lidar[0, 2], lidar2[0, 2]) and torch.allclose(camera[0, 2], camera2[0, 2])
+    assert not torch.allclose(lidar[0, 0], lidar2[0, 0]), 'a visible query must see the camera features'
+
+
+def test_gradients_reach_every_parameter_and_the_features(rig):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   dropout=0.0)
+    inputs = _inputs(rig)
+    inputs['bev_feat'].requires_grad_(True)
+    inputs['img_feat'].requires_grad_(True)
+    lidar, camera, _ = generator(**inputs)
+    (lidar.sum() - camera.sum()).backward()
+    missing = [name for name, p in generator.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, f'no gradient for {missing}'
+    assert inputs['bev_feat'].grad.abs().sum() > 0 and inputs['img_feat'].grad.abs().sum() > 0
+
+
+def test_sizes_come_from_the_inputs(rig):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[5, 3], feedforward_channels=64).eval()
+    lidar, _, info = generator(**_inputs(rig, bs=1, num_queries=3, views=1, bev=(5, 9), feat=(3, 7)))
+    assert lidar.shape == (1, 3)
+    assert (info['pts_bev'][..., 0] < 5).all() and (info['pts_bev'][..., 1] < 9).all()
+    assert (info['pts_pers_idx'][..., 1] < 3).all() and (info['pts_pers_idx'][..., 2] < 7).all()
+
+
+def test_bad_config_and_shapes_raise(rig):
+    with pytest.raises(ValueError, match='window_sizes'):
+        AQRWeightGenerator(window_sizes=[15])
+    with pytest.raises(ValueError, match='weight_activation'):
+        AQRWeightGenerator(weight_activation='relu')
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64)
+    inputs = _inputs(rig)
+    with pytest.raises(ValueError, match='reference_points'):
+        generator(**dict(inputs, reference_points=inputs['reference_points'][:, :2]))
+    with pytest.raises(ValueError, match='views'):
+        generator(**dict(inputs, img_feat=torch.randn(2 * 3, EMBED, 4, 6), img_pos=None))
+
+
+def test_routing_loss_targets_dropped_modalities_only():
+    metas = [dict(dropped_modalities=['points']), dict(), dict(dropped_modalities=('image', ))]
+    lidar_dropped, camera_dropped = modality_drop_flags(metas, torch.device('cpu'))
+    assert lidar_dropped.tolist() == [True, False, False] and camera_dropped.tolist() == [False, False, True]
+    weights_low = torch.full((3, 4), 0.01)
+    weights_high = torch.full((3, 4), 0.99)
+    assert routing_loss(weights_low, weights_low, lidar_dropped, camera_dropped) < 0.02
+    assert routing_loss(weights_high, weights_low, lidar_dropped, camera_dropped) > 2.0
+    # sample 1 dropped nothing: its weights carry no target
+    assert routing_loss(weights_low, weights_low, torch.zeros(3, dtype=torch.bool),
+                        torch.zeros(3, dtype=torch.bool)) == 0
+    with pytest.raises(ValueError, match='unknown modalities'):
+        modality_drop_flags([dict(dropped_modalities=['radar'])], torch.device('cpu'))
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64, aux_loss_weight=0.5)
+    losses = generator.loss(weights_high, weights_low, metas)
+    assert torch.allclose(losses['loss_aqr_routing'], 0.5 * routing_loss(weights_high, weights_low, lidar_dropped,
+                                                                          camera_dropped))
+    assert AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64).loss(
+        weights_high, weights_low, metas) == {}

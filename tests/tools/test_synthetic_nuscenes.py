@@ -1,0 +1,140 @@
+"""The synthetic nuScenes generator: devkit-loadable tables, LiDAR points on the boxes, objects in the images."""
+import filecmp
+import os
+import os.path as osp
+
+import cv2
+import numpy as np
+import pytest
+
+from tools.data_converter.synthetic.generator import TABLE_NAMES, SyntheticConfig, generate_synthetic_nuscenes
+from tools.data_converter.synthetic.layout import CLASS_SPECS
+from tools.make_synthetic_nuscenes import main as make_synthetic_main
+
+VERSION = 'v1.0-mini'
+CAMERAS = ('CAM_FRONT', 'CAM_FRONT_RIGHT', 'CAM_FRONT_LEFT', 'CAM_BACK', 'CAM_BACK_LEFT', 'CAM_BACK_RIGHT')
+# Classes whose colour is not grey: a pixel of theirs cannot be mistaken for the sky or the ground.
+COLOURED_CLASSES = [name for name, spec in CLASS_SPECS.items() if np.ptp(spec.colour) > 60]
+
+
+def tiny_config(root: str, seed: int = 0) -> SyntheticConfig:
+    return SyntheticConfig(root=root, version=VERSION, num_scenes=2, num_val_scenes=1, samples_per_scene=2,
+                           sweeps_per_sample=2, seed=seed, image_size=(256, 144), objects_per_scene=14, lidar_beams=32,
+                           lidar_azimuths=360)
+
+
+def matches_colour(pixels_bgr: np.ndarray, colour_bgr) -> np.ndarray:
+    """Whether pixels ``[N, 3]`` are a shade of ``colour_bgr`` (cosine similarity of the BGR vectors > 0.97)."""
+    pixels = np.asarray(pixels_bgr, dtype=np.float64).reshape(-1, 3)
+    colour = np.asarray(colour_bgr, dtype=np.float64)
+    cosine = pixels @ colour / (np.linalg.norm(pixels, axis=1) * np.linalg.norm(colour) + 1e-9)
+    return cosine > 0.97
+
+
+@pytest.fixture(scope='module')
+def nusc(tmp_path_factory):
+    from nuscenes import NuScenes
+    root = str(tmp_path_factory.mktemp('synthetic'))
+    generate_synthetic_nuscenes(tiny_config(root), log=None)
+    return NuScenes(version=VERSION, dataroot=root, verbose=False)
+
+
+def test_tables_load_with_the_devkit_and_use_official_scene_names(nusc):
+    from nuscenes.utils.splits import create_splits_scenes
+    splits = create_splits_scenes()
+    assert sorted(os.listdir(osp.join(nusc.dataroot, VERSION))) == sorted(f'{t}.json' for t in TABLE_NAMES)
+    names = [scene['name'] for scene in nusc.scene]
+    assert len(names) == 2 and names[0] in splits['mini_train'] and names[1] in splits['mini_val']
+    assert len(nusc.sample) == 4
+    assert len(nusc.sample_annotation) == sum(len(s['anns']) for s in nusc.sample) > 0
+
+
+def test_every_sample_has_six_images_and_a_lidar_file_with_sweeps(nusc):
+    for sample in nusc.sample:
+        assert set(sample['data']) == set(CAMERAS) | {'LIDAR_TOP'}
+        for camera in CAMERAS:
+            image = cv2.imread(nusc.get_sample_data_path(sample['data'][camera]))
+            assert image.shape == (144, 256, 3)
+        lidar = nusc.get('sample_data', sample['data']['LIDAR_TOP'])
+        points = np.fromfile(nusc.get_sample_data_path(lidar['token']), dtype=np.float32).reshape(-1, 5)
+        assert len(points) > 1000
+        sweep = nusc.get('sample_data', lidar['prev']) if lidar['prev'] else None
+        assert sweep is not None and not sweep['is_key_frame'] and osp.isfile(nusc.get_sample_data_path(sweep['token']))
+
+
+def test_lidar_points_lie_on_the_annotated_boxes_or_on_the_ground(nusc):
+    from nuscenes.utils.geometry_utils import points_in_box
+    from pyquaternion import Quaternion
+    for sample in nusc.sample:
+        lidar_token = sample['data']['LIDAR_TOP']
+        path, boxes, _ = nusc.get_sample_data(lidar_token)
+        points = np.fromfile(path, dtype=np.float32).reshape(-1, 5)[:, :3].T
+        inside = np.stack([points_in_box(box, points) for box in boxes])  # [boxes, points]
+        annotations = [nusc.get('sample_annotation', token) for token in sample['anns']]
+        # The devkit's own point-in-box test counts exactly the points the annotations declare.
+        assert inside.sum(axis=1).tolist() == [a['num_lidar_pts'] for a in annotations]
+        assert (inside.sum(axis=0) <= 1).all()
+        assert sum(a['num_lidar_pts'] > 0 for a in annotations) >= 0.8 * len(annotations)
+        # Every other point is on the ground: global z within a few centimetres of 0.
+        record = nusc.get('sample_data', lidar_token)
+        calib = nusc.get('calibrated_sensor', record['calibrated_sensor_token'])
+        pose = nusc.get('ego_pose', record['ego_pose_token'])
+        ground = points[:, ~inside.any(axis=0)]
+        ego = Quaternion(calib['rotation']).rotation_matrix @ ground + np.c_[calib['translation']]
+        global_z = (Quaternion(pose['rotation']).rotation_matrix @ ego)[2] + pose['translation'][2]
+        assert np.abs(global_z).max() < 0.05
+        assert inside.any(axis=0).mean() > 0.05
+
+
+def test_objects_appear_in_their_class_colour_where_their_boxes_project(nusc):
+    from nuscenes.eval.detection.utils import category_to_detection_name
+    from nuscenes.utils.geometry_utils import view_points
+    matched = checked = 0
+    for sample in nusc.sample:
+        for camera in CAMERAS:
+            path, boxes, intrinsic = nusc.get_sample_data(sample['data'][camera])
+            image = cv2.imread(path)
+            for box in boxes:
+                name = category_to_detection_name(box.name)
+                if name not in COLOURED_CLASSES or box.center[2] < 1.0:
+                    continue
+                u, v = view_points(box.center[:, None], np.asarray(intrinsic), normalize=True)[:2, 0]
+                if not (2 <= u < image.shape[1] - 2 and 2 <= v < image.shape[0] - 2):
+                    continue
+                checked += 1
+                matched += bool(matches_colour(image[int(round(v)), int(round(u))], CLASS_SPECS[name].colour)[0])
+    assert checked >= 20
+    assert matched / checked > 0.75  # the rest are hidden behind nearer objects
+
+
+def test_generation_is_deterministic_for_a_seed(tmp_path):
+    roots = [str(tmp_path / name) for name in ('a', 'b', 'c')]
+    for root, seed in zip(roots, (3, 3, 4)):
+        generate_synthetic_nuscenes(SyntheticConfig(root=root, version=VERSION, num_scenes=1, num_val_scenes=0,
+                                                    samples_per_scene=1, sweeps_per_sample=1, seed=seed,
+                                                    image_size=(64, 36), objects_per_scene=4, lidar_beams=8,
+                                                    lidar_azimuths=90), log=None)
+    files = sorted(osp.relpath(osp.join(d, f), roots[0]) for d, _, fs in os.walk(roots[0]) for f in fs)
+    assert len(files) > 20
+    _, mismatch, errors = filecmp.cmpfiles(roots[0], roots[1], files, shallow=False)
+    assert mismatch == [] and errors == []
+    _, mismatch, _ = filecmp.cmpfiles(roots[0], roots[2], [f for f in files if f.endswith('.json')], shallow=False)
+    assert f'{VERSION}/sample_annotation.json' in mismatch
+
+
+def test_cli_writes_the_requested_size(tmp_path, capsys):
+    from nuscenes import NuScenes
+    make_synthetic_main(['--root', str(tmp_path), '--scenes', '2', '--samples', '1', '--sweeps', '0', '--objects', '3',
+                         '--image-size', '64', '36', '--lidar-beams', '8', '--lidar-azimuths', '90', '--quiet'])
+    assert 'done in' in capsys.readouterr().out
+    nusc = NuScenes(version=VERSION, dataroot=str(tmp_path), verbose=False)
+    assert len(nusc.scene) == 2 and len(nusc.sample) == 2
+
+
+def test_bad_sizes_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match='num_val_scenes'):
+        generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path), num_scenes=1, num_val_scenes=2), log=None)
+    with pytest.raises(ValueError, match='v1.0-mini has 8 train'):
+        generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path), num_scenes=12, num_val_scenes=2), log=None)
+    with pytest.raises(ValueError, match='sweeps_per_sample'):
+        generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path), sweeps_per_sample=10), log=None)

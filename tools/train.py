@@ -1,0 +1,94 @@
+"""Train a CMT / CMT-AQR detector (mmdet3d-style command line; GPU or CPU).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume-from CKPT | --auto-resume] [--cfg-options k=v ...]
+    bash tools/dist_train.sh CONFIG NUM_PROCESSES [same options]
+
+Logs (``<timestamp>.log`` / ``.log.json``), the dumped config and the
+checkpoints go to the work dir (default ``work_dirs/<config name>``).
+"""
+import argparse
+import copy
+import os.path as osp
+import sys
+import time
+
+from mmcv.runner import get_dist_info
+from mmdet import __version__ as mmdet_version
+from mmdet.apis import init_random_seed, set_random_seed
+from mmdet.utils import get_root_logger
+from mmdet3d import __version__ as mmdet3d_version
+from mmdet3d.datasets import build_dataset
+from mmdet3d.models import build_model
+from mmdet3d.utils import collect_env
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,  # noqa: E402
+                                                        init_distributed, load_config,
+                                                        resolve_work_dir)
+from projects.mmdet3d_plugin.mmcv_custom.train import train_detector  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Train a 3D detector')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--resume-from', help='the checkpoint file to resume from')
+    parser.add_argument('--auto-resume', action='store_true', help='resume from the latest checkpoint of the work dir')
+    parser.add_argument('--no-validate', action='store_true', help='do not evaluate during training')
+    group_gpus = parser.add_mutually_exclusive_group()
+    group_gpus.add_argument('--gpus', type=int, help='(single process) number of GPUs; only 1 is supported')
+    group_gpus.add_argument('--gpu-ids', type=int, nargs='+', help='(single process) ids of the GPUs to use')
+    group_gpus.add_argument('--gpu-id', type=int, default=0, help='(single process) id of the GPU to use')
+    add_common_arguments(parser)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    cfg = load_config(args)
+    cfg.work_dir = resolve_work_dir(args, cfg)
+    if args.resume_from is not None:
+        cfg.resume_from = args.resume_from
+    cfg.auto_resume = args.auto_resume
+    cfg.device = default_device()
+    if args.gpus is not None and args.gpus > 1:
+        raise ValueError('one process drives one GPU: use tools/dist_train.sh for several')
+    cfg.gpu_ids = args.gpu_ids[:1] if args.gpu_ids else [args.gpu_id]
+    distributed = init_distributed(args.launcher, cfg.get('dist_params'))
+    if distributed:
+        cfg.gpu_ids = list(range(get_dist_info()[1]))
+
+    cfg.dump(osp.join(cfg.work_dir, osp.basename(args.config)))
+    timestamp = time.strftime('%Y%m%d_%H%M%S', time.localtime())
+    logger = get_root_logger(log_file=osp.join(cfg.work_dir, f'{timestamp}.log'), log_level=cfg.log_level)
+    env_info = '\n'.join(f'{k}: {v}' for k, v in collect_env().items())
+    logger.info(f'Environment info:\n{env_info}')
+    logger.info(f'Distributed training: {distributed}, device: {cfg.device}')
+    logger.info(f'Config:\n{cfg.pretty_text}')
+
+    seed = init_random_seed(args.seed, device=cfg.device)
+    set_random_seed(seed, deterministic=args.deterministic)
+    cfg.seed = seed
+    logger.info(f'Set random seed to {seed}, deterministic: {args.deterministic}')
+    meta = dict(env_info=env_info, config=cfg.pretty_text, seed=seed, exp_name=osp.basename(args.config))
+
+    model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    logger.info(f'Model:\n{model}')
+    datasets = [build_dataset(cfg.data.train)]
+    if len(cfg.workflow) == 2:
+        val_dataset = copy.deepcopy(cfg.data.val)
+        val_dataset.pipeline = cfg.data.train.get('dataset', cfg.data.train).pipeline
+        datasets.append(build_dataset(val_dataset))
+    cfg.checkpoint_config.meta = dict(mmdet_version=mmdet_version, mmdet3d_version=mmdet3d_version,
+                                      CLASSES=datasets[0].CLASSES)
+    model.CLASSES = datasets[0].CLASSES
+    train_detector(model, datasets, cfg, distributed=distributed, validate=not args.no_validate,
+                   timestamp=timestamp, meta=meta)
+
+
+if __name__ == '__main__':
+    main()
