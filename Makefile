@@ -1,11 +1,14 @@
 # CMT-AQR: the two commands of README.md.
 #   make demo   set up the environment, then run the end-to-end synthetic demo
+#               (MODEL=cmt for the baseline, DEMO_ARGS='--epochs 12' etc. for tools/demo.py)
 #   make test   set up the environment, then run the test suite
 SHELL := /bin/bash
 CMT_AQR_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cmt-aqr
 CMT_AQR_VENV ?= $(CMT_AQR_HOME)/venv
 PYTHON := $(CMT_AQR_VENV)/bin/python
 PYTEST_ARGS ?=
+MODEL ?= cmt_aqr
+DEMO_ARGS ?=
 export CMT_AQR_HOME CMT_AQR_VENV
 
 .PHONY: setup test demo
@@ -17,4 +20,4 @@ test: setup
 	bash tools/run_tests.sh $(PYTEST_ARGS)
 
 demo: setup
-	bash tools/demo.sh
+	$(PYTHON) tools/demo.py --model $(MODEL) $(DEMO_ARGS)

@@ -1,0 +1,163 @@
+"""The end-to-end demo on synthetic nuScenes (``make demo``): data → train → official evaluation.
+
+    python tools/demo.py [--model cmt_aqr|cmt] [--work-dir DIR] [--epochs N]
+
+Steps, each printed as it starts and skipped when its output is already there
+(so a second run, or a run after an interruption, continues where it stopped):
+
+1. ``tools/make_synthetic_nuscenes.py``: a small dataset in the nuScenes v1.0 format;
+2. ``tools/create_data.py nuscenes``: info files and the GT database;
+3. ``tools/init_checkpoint.py`` + ``tools/test.py --eval bbox``: the untrained model's metrics;
+4. ``tools/train.py --auto-resume``: trains the tiny model (progress and ETA in the log lines);
+5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
+
+then prints the metrics of both models side by side and where the logs,
+TensorBoard events and checkpoints are.
+"""
+import argparse
+import glob
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py')
+METRIC_PREFIX = 'pts_bbox_NuScenes/'
+SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Synthetic nuScenes demo: generate, train, evaluate')
+    parser.add_argument('--model', choices=sorted(CONFIGS), default='cmt_aqr',
+                        help='cmt_aqr (default) or the baseline cmt, trained on identical data')
+    parser.add_argument('--data-root', default='data/synthetic_nuscenes', help='where the synthetic set is written')
+    parser.add_argument('--work-dir', help='logs, checkpoints and metrics (default: work_dirs/demo_<model>)')
+    parser.add_argument('--epochs', type=int, help="training epochs (default: the demo config's)")
+    parser.add_argument('--scenes', type=int, default=10, help='synthetic scenes (a fifth of them for validation)')
+    parser.add_argument('--samples', type=int, default=10, help='key frames per scene')
+    parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
+    parser.add_argument('--cfg-options', nargs='+', default=[], help='passed on to tools/train.py and tools/test.py')
+    return parser.parse_args(argv)
+
+
+def banner(step: int, total: int, text: str) -> None:
+    print(f'\n[demo {step}/{total}] {text}', flush=True)
+
+
+def run(command: List[str]) -> None:
+    """Run a tool of this repository with the same interpreter; stop the demo naming the step if it fails."""
+    print('  $ ' + ' '.join(command), flush=True)
+    result = subprocess.run([sys.executable] + command, cwd=REPO_ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f'demo stopped: `{" ".join(command)}` exited with code {result.returncode}')
+
+
+def dataset_arguments(args: argparse.Namespace) -> List[str]:
+    """The generator's options; the demo config reads 384 x 216 images and 3 sweeps."""
+    return ['--root', args.data_root, '--version', 'v1.0-mini', '--scenes', str(args.scenes), '--samples',
+            str(args.samples), '--seed', str(args.seed), '--image-size', '384', '216', '--lidar-azimuths', '360',
+            '--sweeps', '3']
+
+
+def prepare_data(args: argparse.Namespace, total: int) -> None:
+    """Steps 1 and 2, skipped when the stamp of the previous run has the same generator options."""
+    stamp = osp.join(REPO_ROOT, args.data_root, '.demo_dataset.json')
+    wanted = dict(generator=dataset_arguments(args), infos='--max-sweeps 3')
+    if osp.exists(stamp) and json.load(open(stamp)) == wanted:
+        banner(1, total, f'synthetic nuScenes already in {args.data_root} (delete it to regenerate)')
+        banner(2, total, 'info files and GT database already created')
+        return
+    banner(1, total, f'generating synthetic nuScenes in {args.data_root}')
+    run(['tools/make_synthetic_nuscenes.py'] + dataset_arguments(args))
+    banner(2, total, 'creating the info files and the GT database')
+    run(['tools/create_data.py', 'nuscenes', '--root-path', args.data_root, '--out-dir', args.data_root,
+         '--extra-tag', 'nuscenes', '--version', 'v1.0-mini', '--max-sweeps', '3'])
+    with open(stamp, 'w') as f:
+        json.dump(wanted, f)
+
+
+def latest_metrics(eval_dir: str) -> Optional[Dict[str, float]]:
+    """The metrics of the newest ``eval_*.json`` that tools/test.py wrote in ``eval_dir``, if any."""
+    files = sorted(glob.glob(osp.join(eval_dir, 'eval_*.json')))
+    if not files:
+        return None
+    with open(files[-1]) as f:
+        return json.load(f)['metrics']
+
+
+def evaluate(config: str, checkpoint: str, eval_dir: str, cfg_options: List[str]) -> Dict[str, float]:
+    run(['tools/test.py', config, checkpoint, '--eval', 'bbox', '--work-dir', eval_dir]
+        + (['--cfg-options'] + cfg_options if cfg_options else []))
+    metrics = latest_metrics(osp.join(REPO_ROOT, eval_dir))
+    if metrics is None:
+        raise SystemExit(f'demo stopped: tools/test.py wrote no eval_*.json in {eval_dir}')
+    return metrics
+
+
+def metrics_table(columns: Dict[str, Dict[str, float]], class_names: Sequence[str] = ()) -> str:
+    """A Markdown table: one row per summary metric (and per class AP at 2 m), one column per model."""
+    names = list(columns)
+    lines = ['| metric | ' + ' | '.join(names) + ' |', '|---|' + '---:|' * len(names)]
+    rows = [(name, METRIC_PREFIX + name) for name in SUMMARY_METRICS]
+    rows += [(f'AP {cls} (2 m)', f'{METRIC_PREFIX}{cls}_AP_dist_2.0') for cls in class_names]
+    for label, key in rows:
+        values = [columns[name].get(key) for name in names]
+        if all(value is None for value in values):
+            continue
+        lines.append(f'| {label} | ' + ' | '.join('-' if v is None else f'{v:.4f}' for v in values) + ' |')
+    return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    start = time.time()
+    config = CONFIGS[args.model]
+    work_dir = args.work_dir or osp.join('work_dirs', f'demo_{args.model}')
+    train_options = list(args.cfg_options)
+    if args.epochs is not None:
+        train_options.append(f'runner.max_epochs={args.epochs}')
+    total = 5
+    os.makedirs(osp.join(REPO_ROOT, work_dir), exist_ok=True)
+    prepare_data(args, total)
+
+    untrained_dir = osp.join(work_dir, 'untrained')
+    untrained = latest_metrics(osp.join(REPO_ROOT, untrained_dir))
+    if untrained is None:
+        banner(3, total, 'evaluating the untrained model (the reference the trained one must beat)')
+        os.makedirs(osp.join(REPO_ROOT, untrained_dir), exist_ok=True)
+        init_checkpoint = osp.join(untrained_dir, 'init.pth')
+        run(['tools/init_checkpoint.py', config, init_checkpoint, '--seed', str(args.seed)])
+        untrained = evaluate(config, init_checkpoint, untrained_dir, args.cfg_options)
+    else:
+        banner(3, total, f'untrained model already evaluated ({untrained_dir})')
+
+    banner(4, total, f'training {config} (resumes from {work_dir}/latest.pth if a previous run stopped)')
+    train_start = time.time()
+    run(['tools/train.py', config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
+         str(args.seed)] + (['--cfg-options'] + train_options if train_options else []))
+    train_minutes = (time.time() - train_start) / 60
+
+    banner(5, total, 'evaluating the trained model with the nuScenes devkit')
+    checkpoint = osp.join(work_dir, 'latest.pth')
+    trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), args.cfg_options)
+
+    from mmcv import Config
+    class_names = Config.fromfile(osp.join(REPO_ROOT, config)).class_names
+    table = metrics_table({'untrained': untrained, f'trained {args.model}': trained}, class_names)
+    with open(osp.join(REPO_ROOT, work_dir, 'demo_metrics.md'), 'w') as f:
+        f.write(table + '\n')
+    print(f'\n{args.model} on synthetic nuScenes ({args.data_root}, val split), official DetectionEval:\n')
+    print(table)
+    print(f'\ntraining: {train_minutes:.1f} min; whole demo: {(time.time() - start) / 60:.1f} min')
+    print(f'checkpoint:   {checkpoint}')
+    print(f'logs:         {work_dir}/*.log (text), {work_dir}/*.log.json (per iteration)')
+    print(f'TensorBoard:  tensorboard --logdir {work_dir}/tf_logs')
+    print(f'metrics:      {work_dir}/trained/eval_*.json, table in {work_dir}/demo_metrics.md')
+
+
+if __name__ == '__main__':
+    main()
