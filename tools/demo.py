@@ -12,7 +12,8 @@ Steps, each printed as it starts and skipped when its output is already there
 5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
 
 then prints the metrics of both models side by side and where the logs,
-TensorBoard events and checkpoints are.
+TensorBoard events and checkpoints are. The tools run on a copy of the demo
+config pointed at ``--data-root`` (``<work dir>/<config name>.py``).
 """
 import argparse
 import glob
@@ -25,6 +26,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
 CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py')
 METRIC_PREFIX = 'pts_bbox_NuScenes/'
 SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
@@ -112,10 +115,20 @@ def metrics_table(columns: Dict[str, Dict[str, float]], class_names: Sequence[st
     return '\n'.join(lines)
 
 
+def write_config(model: str, data_root: str, work_dir: str) -> str:
+    """The demo config of ``model`` reading ``data_root``, written into ``work_dir``; returns its path."""
+    from mmcv import Config
+
+    from projects.mmdet3d_plugin.datasets.data_root_config import retarget_data_root
+    cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, CONFIGS[model])), osp.join(REPO_ROOT, data_root))
+    path = osp.join(work_dir, osp.basename(CONFIGS[model]))
+    cfg.dump(osp.join(REPO_ROOT, path))
+    return path
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     start = time.time()
-    config = CONFIGS[args.model]
     work_dir = args.work_dir or osp.join('work_dirs', f'demo_{args.model}')
     train_options = list(args.cfg_options)
     if args.epochs is not None:
@@ -123,6 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     total = 5
     os.makedirs(osp.join(REPO_ROOT, work_dir), exist_ok=True)
     prepare_data(args, total)
+    config = write_config(args.model, args.data_root, work_dir)
 
     untrained_dir = osp.join(work_dir, 'untrained')
     untrained = latest_metrics(osp.join(REPO_ROOT, untrained_dir))
@@ -135,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     else:
         banner(3, total, f'untrained model already evaluated ({untrained_dir})')
 
-    banner(4, total, f'training {config} (resumes from {work_dir}/latest.pth if a previous run stopped)')
+    banner(4, total, f'training {CONFIGS[args.model]} (resumes from {work_dir}/latest.pth if a previous run stopped)')
     train_start = time.time()
     run(['tools/train.py', config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
          str(args.seed)] + (['--cfg-options'] + train_options if train_options else []))
@@ -146,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), args.cfg_options)
 
     from mmcv import Config
-    class_names = Config.fromfile(osp.join(REPO_ROOT, config)).class_names
+    class_names = Config.fromfile(osp.join(REPO_ROOT, config)).get('class_names', ())
     table = metrics_table({'untrained': untrained, f'trained {args.model}': trained}, class_names)
     with open(osp.join(REPO_ROOT, work_dir, 'demo_metrics.md'), 'w') as f:
         f.write(table + '\n')

@@ -7,6 +7,7 @@ so ``tools/test.py CONFIG OUT.pth --eval bbox`` measures an *untrained* model:
 the baseline ``make demo`` compares the trained model against.
 """
 import argparse
+import logging
 import os.path as osp
 import sys
 
@@ -34,6 +35,7 @@ def main(argv=None) -> None:
     cfg = load_config(args)
     set_random_seed(args.seed, deterministic=args.deterministic)
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    logging.getLogger('mmcv').setLevel(logging.WARNING)  # not the per-parameter initialisation report
     model.init_weights()
     classes = cfg.get('class_names')
     meta = dict(config=cfg.pretty_text, seed=args.seed, epoch=0, iter=0)

@@ -63,6 +63,13 @@ install_project() {
     STEP="install project (editable)"
     log "linking this checkout ($REPO_ROOT) into the environment"
     "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$REPO_ROOT"
+    STEP="OpenMP wait policy"
+    # OpenMP threads that spin while waiting thrash when another process (a data loader worker, a second job)
+    # shares the cores: spconv's CPU kernels then ran 10x slower. A .pth line runs at interpreter start-up,
+    # before torch loads libgomp, for every entry point of the environment; an explicit setting wins.
+    local site
+    site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "import os; os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')" >"$site/cmt_aqr_omp_wait_policy.pth"
     STEP="import check"
     (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
 from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")

@@ -5,12 +5,17 @@
 
 Logs (``<timestamp>.log`` / ``.log.json``), the dumped config and the
 checkpoints go to the work dir (default ``work_dirs/<config name>``).
+Checkpoints are written atomically (``AtomicCheckpointHook``), and a run
+resumed from the checkpoint of epoch ``N`` trains the following epochs
+exactly as the interrupted run did (same data order, augmentations and random
+numbers; see ``projects/mmdet3d_plugin/mmcv_custom/seeding.py``).
 """
 import argparse
 import copy
 import os.path as osp
 import sys
 import time
+from typing import Optional, Sequence
 
 from mmcv.runner import get_dist_info
 from mmdet import __version__ as mmdet_version
@@ -31,23 +36,26 @@ from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, de
 from projects.mmdet3d_plugin.mmcv_custom.train import train_detector  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line of ``argv`` (default: ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description='Train a 3D detector')
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
-    parser.add_argument('--resume-from', help='the checkpoint file to resume from')
-    parser.add_argument('--auto-resume', action='store_true', help='resume from the latest checkpoint of the work dir')
+    parser.add_argument('--resume-from', help='the checkpoint file to resume from (an error if it does not load)')
+    parser.add_argument('--auto-resume', action='store_true',
+                        help='resume from the newest checkpoint of the work dir that loads (skipping corrupt ones)')
     parser.add_argument('--no-validate', action='store_true', help='do not evaluate during training')
     group_gpus = parser.add_mutually_exclusive_group()
     group_gpus.add_argument('--gpus', type=int, help='(single process) number of GPUs; only 1 is supported')
     group_gpus.add_argument('--gpu-ids', type=int, nargs='+', help='(single process) ids of the GPUs to use')
     group_gpus.add_argument('--gpu-id', type=int, default=0, help='(single process) id of the GPU to use')
     add_common_arguments(parser)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main():
-    args = parse_args()
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Train as the command line ``argv`` says (default: ``sys.argv[1:]``)."""
+    args = parse_args(argv)
     cfg = load_config(args)
     cfg.work_dir = resolve_work_dir(args, cfg)
     if args.resume_from is not None:
@@ -61,19 +69,21 @@ def main():
     if distributed:
         cfg.gpu_ids = list(range(get_dist_info()[1]))
 
-    cfg.dump(osp.join(cfg.work_dir, osp.basename(args.config)))
     timestamp = time.strftime('%Y%m%d_%H%M%S', time.localtime())
     logger = get_root_logger(log_file=osp.join(cfg.work_dir, f'{timestamp}.log'), log_level=cfg.log_level)
     env_info = '\n'.join(f'{k}: {v}' for k, v in collect_env().items())
     logger.info(f'Environment info:\n{env_info}')
     logger.info(f'Distributed training: {distributed}, device: {cfg.device}')
-    logger.info(f'Config:\n{cfg.pretty_text}')
 
     seed = init_random_seed(args.seed, device=cfg.device)
     set_random_seed(seed, deterministic=args.deterministic)
     cfg.seed = seed
+    config_text = cfg.pretty_text  # formatted by yapf, which takes seconds: once for the dump, the log and the meta
+    with open(osp.join(cfg.work_dir, osp.basename(args.config)), 'w', encoding='utf-8') as file:
+        file.write(config_text)
+    logger.info(f'Config:\n{config_text}')
     logger.info(f'Set random seed to {seed}, deterministic: {args.deterministic}')
-    meta = dict(env_info=env_info, config=cfg.pretty_text, seed=seed, exp_name=osp.basename(args.config))
+    meta = dict(env_info=env_info, config=config_text, seed=seed, exp_name=osp.basename(args.config))
 
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     model.init_weights()

@@ -1,5 +1,6 @@
 # Runtime settings shared by the CMT configs (upstream CMT's values).
-checkpoint_config = dict(interval=1)
+# checkpoints and latest.pth are written atomically (projects/mmdet3d_plugin/mmcv_custom/checkpoint.py)
+checkpoint_config = dict(type='AtomicCheckpointHook', interval=1)
 log_config = dict(interval=50, hooks=[dict(type='TextLoggerHook'), dict(type='TensorboardLoggerHook')])
 # tools/train.py switches the backend to gloo when no GPU is available
 dist_params = dict(backend='nccl')

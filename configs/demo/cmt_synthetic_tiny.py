@@ -1,7 +1,7 @@
 # A tiny CMT for the CPU demo on synthetic nuScenes (tools/make_synthetic_nuscenes.py, make demo).
 # Same architecture as the published fusion model, shrunk to train in minutes on 2 CPU cores:
 # voxel 0.2 m over +-51.2 m (64 x 64 BEV tokens), a slim sparse encoder / SECOND, ResNet-18 images
-# at 192 x 384 (6 x 12 x 24 camera tokens), width 128, 200 queries, 3 decoder layers.
+# at 96 x 192 (6 x 6 x 12 camera tokens), width 128, 200 queries, 3 decoder layers.
 # configs/demo/cmt_aqr_synthetic_tiny.py adds AQR to exactly this model.
 _base_ = ['../_base_/default_runtime.py']
 plugin = True
@@ -21,9 +21,9 @@ num_decoder_layers = 3
 code_weights = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2]
 input_modality = dict(use_lidar=True, use_camera=True, use_radar=False, use_map=False, use_external=False)
 img_norm_cfg = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True)
-# the synthetic cameras are 384 x 216 (make_synthetic_nuscenes.py --image-size 384 216)
+# the synthetic cameras are 384 x 216 (make_synthetic_nuscenes.py --image-size 384 216), read at half size
 ida_aug_conf = dict(
-    resize_lim=(0.95, 1.05), final_dim=(192, 384), bot_pct_lim=(0.0, 0.1), rot_lim=(0.0, 0.0), H=216, W=384,
+    resize_lim=(0.475, 0.525), final_dim=(96, 192), bot_pct_lim=(0.0, 0.1), rot_lim=(0.0, 0.0), H=216, W=384,
     rand_flip=True)
 meta_keys = ('filename', 'ori_shape', 'img_shape', 'lidar2img', 'pad_shape', 'scale_factor', 'flip',
              'pcd_horizontal_flip', 'pcd_vertical_flip', 'box_mode_3d', 'box_type_3d', 'img_norm_cfg', 'pcd_trans',
@@ -181,7 +181,7 @@ model = dict(
 optimizer = dict(type='AdamW', lr=1e-3, weight_decay=0.01)
 optimizer_config = dict(grad_clip=dict(max_norm=35, norm_type=2))
 lr_config = dict(policy='CosineAnnealing', warmup='linear', warmup_iters=50, warmup_ratio=0.1, min_lr_ratio=0.05)
-runner = dict(type='EpochBasedRunner', max_epochs=24)
-checkpoint_config = dict(interval=4, max_keep_ckpts=2)
+runner = dict(type='EpochBasedRunner', max_epochs=12)
+checkpoint_config = dict(interval=1, max_keep_ckpts=2)
 log_config = dict(interval=10, hooks=[dict(type='TextLoggerHook'), dict(type='TensorboardLoggerHook')])
 evaluation = dict(interval=1000)

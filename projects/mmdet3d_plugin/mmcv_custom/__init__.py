@@ -1,7 +1,12 @@
 """mmcv runner extensions used by CMT's configs, and a CPU fix for spconv (applied on import)."""
+from .checkpoint import AtomicCheckpointHook, find_latest_valid_checkpoint
 from .fp16_optimizer_hook import CustomFp16OptimizerHook
+from .seeding import EpochSeedHook
 from .spconv_cpu import patch_spconv_cpu_stream
 
 patch_spconv_cpu_stream()
 
-__all__ = ['CustomFp16OptimizerHook', 'patch_spconv_cpu_stream']
+__all__ = [
+    'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'EpochSeedHook', 'find_latest_valid_checkpoint',
+    'patch_spconv_cpu_stream'
+]

@@ -7,8 +7,12 @@ torch and no NVIDIA driver that call raises ("Found no NVIDIA driver"), so
 mmdet3d's ``SparseEncoder`` could run forward but never train on CPU. The CPU
 code path never uses the stream; :func:`patch_spconv_cpu_stream` makes the
 stream lookup return 0 when CUDA is unavailable and leaves it untouched
-otherwise.
+otherwise. It also silences spconv's per-call deprecation warning about
+non-tuple indexing (raised from spconv's own code, once per sparse layer and
+iteration), which would otherwise flood every training log.
 """
+import warnings
+
 import torch
 
 _SPCONV_MODULES = ('spconv.pytorch.cppcore', 'spconv.pytorch.ops', 'spconv.pytorch.utils', 'spconv.pytorch.hash')
@@ -35,4 +39,6 @@ def patch_spconv_cpu_stream() -> bool:
     for module in modules:
         if hasattr(module, 'get_current_stream'):
             module.get_current_stream = cpu_safe_current_stream
+    warnings.filterwarnings('ignore', message='Using a non-tuple sequence for multidimensional indexing',
+                            module='spconv')
     return True

@@ -1,9 +1,20 @@
 """``train_detector``: mmdet's epoch-based training loop, on GPU or CPU, single-process or distributed.
 
 The same steps as mmdet 2.x's ``train_detector`` (data loaders, model
-wrapper, optimizer, runner, hooks, evaluation, resume), except that the model
-is wrapped by :func:`.parallel.wrap_model`, which also handles distributed
-runs on CPU (mmdet and mmdet3d put every distributed model on CUDA).
+wrapper, optimizer, runner, hooks, evaluation, resume), except that
+
+* the model is wrapped by :func:`.parallel.wrap_model`, which also handles
+  distributed runs on CPU (mmdet and mmdet3d put every distributed model on
+  CUDA);
+* a resumed run sees the data order and random numbers of the interrupted
+  one (and so its losses, bitwise where the kernels are deterministic, e.g.
+  on one CPU thread): the training order depends only on ``(seed, epoch)``
+  (mmdet's seeded ``DistributedGroupSampler``, in single-process runs too,
+  where it is rank 0 of 1), and :class:`.seeding.EpochSeedHook` re-seeds the
+  random generators at every epoch start;
+* auto-resume takes the newest checkpoint that loads
+  (:func:`.checkpoint.find_latest_valid_checkpoint`), and an explicit
+  ``resume_from`` that does not load is a clear error.
 """
 from typing import Optional, Sequence
 
@@ -11,10 +22,12 @@ from mmcv import Config
 from mmcv.runner import DistSamplerSeedHook, EpochBasedRunner, build_runner
 from mmdet.core import DistEvalHook, EvalHook, build_optimizer
 from mmdet.datasets import build_dataloader
-from mmdet.utils import compat_cfg, find_latest_checkpoint, get_root_logger
+from mmdet.utils import compat_cfg, get_root_logger
 from mmdet3d.datasets import build_dataset
 
+from .checkpoint import check_resumable, find_latest_valid_checkpoint
 from .parallel import wrap_model
+from .seeding import EpochSeedHook
 
 
 def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = False, validate: bool = False,
@@ -35,8 +48,9 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
     logger = get_root_logger(log_level=cfg.log_level)
     runner_type = cfg.runner['type']
     # compat_cfg moved data.samples_per_gpu / workers_per_gpu into data.train_dataloader etc.
-    loader_args = dict(samples_per_gpu=2, workers_per_gpu=2, num_gpus=len(cfg.gpu_ids), dist=distributed,
-                       seed=cfg.seed, runner_type=runner_type, persistent_workers=False)
+    # dist=True: the (seed, epoch)-shuffled DistributedGroupSampler, also without a process group (rank 0 of 1).
+    loader_args = dict(samples_per_gpu=2, workers_per_gpu=2, dist=True, seed=cfg.seed, runner_type=runner_type,
+                       persistent_workers=False)
     loader_args.update(cfg.data.train_dataloader)
     data_loaders = [build_dataloader(dataset, **loader_args) for dataset in datasets]
 
@@ -49,8 +63,9 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
     runner.register_training_hooks(cfg.lr_config, cfg.optimizer_config, cfg.checkpoint_config, cfg.log_config,
                                    cfg.get('momentum_config', None),
                                    custom_hooks_config=cfg.get('custom_hooks', None))
-    if distributed and isinstance(runner, EpochBasedRunner):
+    if isinstance(runner, EpochBasedRunner):
         runner.register_hook(DistSamplerSeedHook())
+        runner.register_hook(EpochSeedHook(cfg.seed), priority='VERY_HIGH')
     if validate:
         val_dataset = build_dataset(cfg.data.val, dict(test_mode=True))
         val_args = dict(samples_per_gpu=1, workers_per_gpu=2, dist=distributed, shuffle=False)
@@ -61,8 +76,11 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
 
     resume_from = cfg.resume_from
     if resume_from is None and cfg.get('auto_resume'):
-        resume_from = find_latest_checkpoint(cfg.work_dir)
+        resume_from = find_latest_valid_checkpoint(cfg.work_dir, logger)
+        if resume_from is None:
+            logger.info(f'auto-resume: no checkpoint to resume from in {cfg.work_dir}, starting from scratch')
     if resume_from:
+        check_resumable(resume_from)
         runner.resume(resume_from)
     elif cfg.load_from:
         runner.load_checkpoint(cfg.load_from)

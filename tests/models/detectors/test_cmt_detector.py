@@ -85,11 +85,8 @@ def test_samples_without_ground_truth_train_without_nan(fusion_r50, cmt_test_dat
 
 
 def test_samples_without_lidar_points(fusion_r50, cmt_test_data):
-    """One sample without points trains; a batch without any point in range is a clear error."""
+    """One sample without points trains (more bad LiDAR input: test_cmt_bad_input.py)."""
     data = cmt_test_data['random_batch']((2, 1))
     data['points'][1] = data['points'][1][:0]
     outputs = _train_step(fusion_r50, data)
     assert torch.isfinite(outputs['loss'])
-    data['points'] = [torch.full((5, 5), 100.0), torch.zeros(0, 5)]  # far outside the range
-    with pytest.raises(ValueError, match='point_cloud_range'):
-        _train_step(fusion_r50, data)

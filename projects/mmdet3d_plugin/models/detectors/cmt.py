@@ -5,8 +5,19 @@ voxelization -> ``HardSimpleVFE`` -> ``SparseEncoder`` -> ``SECOND`` ->
 ``SECONDFPN``) and camera branch (backbone -> ``CPFPN``) both feed one
 query-based head (``CmtHead`` and its LiDAR-only / camera-only variants).
 Either branch may be absent from the config (LiDAR-only, camera-only).
+
+Bad LiDAR input is handled per sample: points with NaN/inf values are
+dropped (with a one-time warning); a sample without any point inside
+``point_cloud_range`` (e.g. the ``lidar_drop`` corruption) has no voxel, and
+the sparse encoder's output for it is an all-zero BEV map, as spconv gives
+for a sample without voxels, also when no sample of the batch has one. A
+training batch with a single voxel is normalised with the encoders' running
+BatchNorm statistics (see ``_single_voxel_batch_norm``). Camera images must
+come with one ``lidar2img`` matrix each.
 """
-from typing import Dict, List, Optional, Sequence
+import warnings
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +25,8 @@ from mmcv.runner import auto_fp16, force_fp32
 from mmdet.models.builder import DETECTORS
 from mmdet3d.core import bbox3d2result
 from mmdet3d.models.detectors.mvx_two_stage import MVXTwoStageDetector
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..utils.grid_mask import GridMask
 from ..utils.spconv_voxelize import SPConvVoxelization
@@ -45,6 +57,13 @@ class CmtDetector(MVXTwoStageDetector):
             self.grid_mask = GridMask(True, True, rotate=1, offset=False, ratio=0.5, mode=1, prob=0.7)
         if pts_voxel_layer:
             self.pts_voxel_layer = SPConvVoxelization(**pts_voxel_layer)
+        self._warned = set()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """``warnings.warn(message)`` the first time ``key`` comes up for this detector."""
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f'{type(self).__name__}: {message}', stacklevel=2)
 
     @auto_fp16(apply_to=('img', ), out_fp32=True)
     def extract_img_feat(self, img: Optional[Tensor], img_metas: Sequence[dict]) -> Optional[List[Tensor]]:
@@ -59,10 +78,11 @@ class CmtDetector(MVXTwoStageDetector):
         """
         if img is None or not self.with_img_backbone:
             return None
+        if img.dim() not in (4, 5):
+            raise ValueError(f'img must be [bs, N, C, H, W] or [bs * N, C, H, W], got {tuple(img.shape)}')
+        self._check_camera_count(img, img_metas)
         if img.dim() == 5:
             img = img.flatten(0, 1)
-        elif img.dim() != 4:
-            raise ValueError(f'img must be [bs, N, C, H, W] or [bs * N, C, H, W], got {tuple(img.shape)}')
         for meta in img_metas:
             meta.update(input_shape=tuple(img.shape[-2:]))
         if self.use_grid_mask:
@@ -74,19 +94,99 @@ class CmtDetector(MVXTwoStageDetector):
             feats = self.img_neck(feats)
         return list(feats)
 
+    @staticmethod
+    def _check_camera_count(img: Tensor, img_metas: Sequence[dict]) -> None:
+        """``ValueError`` unless every sample has as many ``lidar2img`` matrices as camera images."""
+        if img.dim() == 5:
+            if img.size(0) != len(img_metas):
+                raise ValueError(f'img holds {img.size(0)} samples but there are {len(img_metas)} img_metas')
+            images_per_sample = img.size(1)
+        else:
+            images_per_sample = img.size(0) / max(len(img_metas), 1)
+        for index, meta in enumerate(img_metas):
+            if 'lidar2img' in meta and len(meta['lidar2img']) != images_per_sample:
+                raise ValueError(f'img has {images_per_sample:g} camera images per sample ({tuple(img.shape)}) but '
+                                 f"img_metas[{index}]['lidar2img'] has {len(meta['lidar2img'])} matrices: every "
+                                 f'camera image needs its lidar2img')
+
     @force_fp32(apply_to=('points', 'img_feats'))
     def extract_pts_feat(self, points: Optional[Sequence[Tensor]], img_feats: Optional[List[Tensor]],
                          img_metas: Sequence[dict]) -> Optional[List[Tensor]]:
-        """BEV features ``[bs, C, H, W]`` (a list with the neck's levels), or None without LiDAR."""
+        """BEV features ``[bs, C, H, W]`` (a list with the neck's levels), or None without LiDAR.
+
+        A sample without points (or without any inside ``point_cloud_range``)
+        gets the features of an all-zero sparse encoder output.
+        """
         if points is None or not self.with_pts_bbox or not hasattr(self, 'pts_voxel_encoder'):
             return None
+        points = self.drop_non_finite_points(points)
         voxels, num_points, coors = self.voxelize(points)
-        voxel_features = self.pts_voxel_encoder(voxels, num_points, coors)
-        x = self.pts_middle_encoder(voxel_features, coors, len(points))
+        x = self.encode_voxels(voxels, num_points, coors, len(points))
         x = self.pts_backbone(x)
         if self.with_pts_neck:
             x = self.pts_neck(x)
         return list(x)
+
+    def drop_non_finite_points(self, points: Sequence[Tensor]) -> List[Tensor]:
+        """Per sample ``[P_i', F]``: the points without NaN/inf values (a one-time warning says how many went)."""
+        kept, dropped = [], []
+        for sample_points in points:
+            finite = torch.isfinite(sample_points).all(dim=1)
+            dropped.append(int(finite.numel() - finite.sum()))
+            kept.append(sample_points if dropped[-1] == 0 else sample_points[finite])
+        if any(dropped):
+            self._warn_once('non_finite_points', f'dropped {sum(dropped)} LiDAR points with NaN/inf values '
+                            f'(per sample: {dropped}); later drops are not reported')
+        return kept
+
+    def encode_voxels(self, voxels: Tensor, num_points: Tensor, coors: Tensor, batch_size: int) -> Tensor:
+        """The voxel and sparse encoders: voxels of the batch -> BEV map ``[bs, C, H, W]``.
+
+        Args:
+            voxels (Tensor): ``[M, max_points, F]``; ``M`` may be 0.
+            num_points (Tensor): ``[M]`` points per voxel.
+            coors (Tensor): ``[M, 4]`` ``(sample, z, y, x)``.
+            batch_size (int): samples of the batch.
+
+        Returns:
+            Tensor: ``[bs, C * D, H, W]``; zero for the samples without voxels.
+        """
+        if len(voxels) == 0:  # spconv cannot run on an empty input; its output would be all zeros
+            channels, height, width = sparse_encoder_bev_shape(self.pts_middle_encoder)
+            return voxels.new_zeros(batch_size, channels, height, width)
+        with self._single_voxel_batch_norm(len(voxels)):
+            voxel_features = self.pts_voxel_encoder(voxels, num_points, coors)
+            return self.pts_middle_encoder(voxel_features, coors, batch_size)
+
+    @contextmanager
+    def _single_voxel_batch_norm(self, num_voxels: int) -> Iterator[None]:
+        """Let the LiDAR encoders' BatchNorm layers use their running statistics when there is one voxel.
+
+        In training, BatchNorm normalises with the batch's statistics, which
+        one value per channel cannot give (torch raises). A batch whose only
+        voxel is, e.g., the origin of a LiDAR sweep zeroed by ``ModalMask3D``
+        with ``samples_per_gpu=1`` is normalised with the running statistics
+        instead (as in testing), which are left unchanged; gradients still
+        reach every layer. ``SyncBatchNorm`` layers are left alone: they
+        gather the statistics of all processes.
+        """
+        batch_norms = []
+        if self.training and num_voxels == 1:
+            encoders = (self.pts_voxel_encoder, self.pts_middle_encoder)
+            batch_norms = [module for encoder in encoders for module in encoder.modules()
+                           if isinstance(module, _BatchNorm) and module.training
+                           and not isinstance(module, nn.SyncBatchNorm)]
+        if batch_norms:
+            self._warn_once('single_voxel', 'a training batch has a single non-empty voxel (its LiDAR input was '
+                            'dropped?): the LiDAR encoders\' BatchNorm layers use their running statistics for such '
+                            'batches (one value per channel has no batch statistics)')
+        for module in batch_norms:
+            module.train(False)
+        try:
+            yield
+        finally:
+            for module in batch_norms:
+                module.train(True)
 
     @torch.no_grad()
     @force_fp32()
@@ -98,7 +198,8 @@ class CmtDetector(MVXTwoStageDetector):
 
         Returns:
             tuple[Tensor, Tensor, Tensor]: voxels ``[M, max_points, F]``, points
-            per voxel ``[M]``, coordinates ``[M, 4]`` ``(sample, z, y, x)``.
+            per voxel ``[M]``, coordinates ``[M, 4]`` ``(sample, z, y, x)``;
+            ``M`` is 0 when no point lies inside ``point_cloud_range``.
         """
         if not hasattr(self, 'pts_voxel_layer'):
             raise RuntimeError('CmtDetector has LiDAR encoders but no pts_voxel_layer in its config')
@@ -108,14 +209,6 @@ class CmtDetector(MVXTwoStageDetector):
             voxels.append(sample_voxels)
             coors.append(F.pad(sample_coors, (1, 0), mode='constant', value=sample))
             num_points.append(sample_num)
-        num_voxels = sum(len(v) for v in voxels)
-        if num_voxels == 0:
-            raise ValueError('no LiDAR point of the batch lies inside point_cloud_range: the sparse encoder has '
-                             'nothing to encode (drop the LiDAR input, or use a camera-only config)')
-        if num_voxels == 1 and self.training:
-            raise ValueError('the batch has a single non-empty voxel, and the sparse encoder\'s BatchNorm needs '
-                             'two values per channel in training (a dropped LiDAR input, ModalMask3D, with '
-                             'samples_per_gpu=1?); train with samples_per_gpu >= 2')
         return torch.cat(voxels), torch.cat(num_points), torch.cat(coors)
 
     def forward_train(self,
@@ -199,3 +292,31 @@ class CmtDetector(MVXTwoStageDetector):
         """CMT has no test-time augmentation merge."""
         raise NotImplementedError(f'CmtDetector does not support test-time augmentation ({len(img_metas)} '
                                   f'augmentations given); set flip=False and one scale in MultiScaleFlipAug3D')
+
+
+def sparse_encoder_bev_shape(encoder: nn.Module) -> Tuple[int, int, int]:
+    """``(C * D, H, W)`` of the BEV map a sequential spconv encoder (mmdet3d's ``SparseEncoder``) outputs.
+
+    Follows the encoder's input grid ``sparse_shape`` ``[D, H, W]`` through
+    its sparse convolutions in order (submanifold ones keep the grid); ``C``
+    is the last one's output channels, and ``D`` is folded into the channels
+    as ``SparseEncoder.forward`` does.
+    """
+    from spconv.pytorch.conv import SparseConvolution
+    from spconv.pytorch.ops import get_conv_output_size
+    if not hasattr(encoder, 'sparse_shape'):
+        raise TypeError(f'{type(encoder).__name__} has no sparse_shape: cannot tell the shape of its output')
+    shape, channels = list(encoder.sparse_shape), None
+    for module in encoder.modules():
+        if not isinstance(module, SparseConvolution):
+            continue
+        if module.transposed or module.inverse:
+            raise TypeError(f'{type(encoder).__name__} has a transposed or inverse sparse convolution: cannot tell '
+                            f'the shape of its output')
+        if not module.subm:
+            shape = get_conv_output_size(shape, module.kernel_size, module.stride, module.padding, module.dilation)
+        channels = module.out_channels
+    if channels is None or len(shape) != 3:
+        raise TypeError(f'{type(encoder).__name__} is not a 3D sparse convolution encoder')
+    depth, height, width = shape
+    return channels * depth, height, width

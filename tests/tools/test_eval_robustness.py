@@ -1,0 +1,103 @@
+"""tools/eval_robustness.py: every corruption evaluated by the nuScenes devkit, failures reported, tables written;
+evaluation on the first N samples (the devkit's ground truth narrowed to them)."""
+import json
+
+import pytest
+import torch
+from mmcv import Config
+
+from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of
+from projects.mmdet3d_plugin.apis.testing import evaluate_results, nuscenes_scores
+from tools import eval_robustness
+from tools.eval_robustness import CorruptionResult, add_deltas, markdown_table
+
+AQR_DEMO = 'cmt_aqr_synthetic_tiny'
+
+
+def _table_rows(markdown: str):
+    """Cells of the table rows (header and separator skipped) of a Markdown report."""
+    lines = [line for line in markdown.splitlines() if line.startswith('|')]
+    return [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[2:]]
+
+
+def test_every_corruption_is_evaluated_and_a_failing_one_is_reported(demo_checkpoint, tmp_path):
+    config, checkpoint = demo_checkpoint(AQR_DEMO)
+    corruptions = ['clean', 'camera_drop', 'view_drop:9', 'points:0.5']  # the samples have 6 views: view 9 fails
+    results = eval_robustness.main([config, checkpoint, '--corruptions', *corruptions, '--out', str(tmp_path),
+                                    '--samples', '1'])
+    assert [r.corruption for r in results] == corruptions
+    assert [r.status for r in results] == ['ok', 'ok', 'failed', 'ok']
+    assert 'the sample has 6 camera views' in results[2].error and results[2].mAP is None
+
+    report = json.loads((tmp_path / 'robustness.json').read_text())
+    assert report['samples'] == 1 and report['checkpoint'] == checkpoint
+    rows = {row['corruption']: row for row in report['results']}
+    assert list(rows) == corruptions
+    for name in ('clean', 'camera_drop', 'points:0.5'):
+        row = rows[name]
+        assert 0.0 <= row['mAP'] <= 1.0 and 0.0 <= row['NDS'] <= 1.0
+        assert row['delta_NDS'] == pytest.approx(row['NDS'] - rows['clean']['NDS'])
+    assert rows['view_drop:9']['delta_NDS'] is None and 'ValueError' in rows['view_drop:9']['error']
+
+    table = {cells[0]: cells for cells in _table_rows((tmp_path / 'robustness.md').read_text())}
+    assert list(table) == corruptions
+    for name in ('clean', 'camera_drop', 'points:0.5'):
+        assert [float(cell) for cell in table[name][1:5]] == pytest.approx(
+            [rows[name][key] for key in ('mAP', 'NDS', 'delta_mAP', 'delta_NDS')], abs=1e-4)
+        assert table[name][5] == 'ok'
+    assert table['view_drop:9'][1:5] == ['n/a'] * 4 and table['view_drop:9'][5].startswith('failed: ValueError')
+
+
+def test_deltas_and_table_against_clean():
+    results = [CorruptionResult('clean', 'ok', mAP=0.5, NDS=0.6), CorruptionResult('fov:120', 'ok', mAP=0.3, NDS=0.45),
+               CorruptionResult('lidar_drop', 'failed', error='ValueError: no | point\nat all')]
+    add_deltas(results)
+    assert results[1].delta_mAP == pytest.approx(-0.2) and results[1].delta_NDS == pytest.approx(-0.15)
+    assert results[0].delta_NDS == 0.0 and results[2].delta_mAP is None
+    rows = _table_rows(markdown_table(results))
+    assert rows[1] == ['fov:120', '0.3000', '0.4500', '-0.2000', '-0.1500', 'ok']
+    # the pipe of the error is escaped: the row keeps its six cells
+    assert markdown_table(results).splitlines()[-1].endswith('| failed: ValueError: no \\| point at all |')
+
+    without_clean = [CorruptionResult('fov:120', 'ok', mAP=0.3, NDS=0.45)]
+    add_deltas(without_clean)
+    assert without_clean[0].delta_mAP is None
+
+
+def test_default_corruptions_and_bad_specs(capsys):
+    args = eval_robustness.parse_args(['config.py', 'checkpoint.pth'])
+    assert args.corruptions == ['clean', 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16',
+                                'points:0.1']
+    with pytest.raises(SystemExit):
+        eval_robustness.parse_args(['config.py', 'checkpoint.pth', '--corruptions', 'clean', 'rain'])
+    assert "unknown corruption mode 'rain'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eval_robustness.parse_args(['config.py', 'checkpoint.pth', '--corruptions', 'clean', 'clean'])
+    assert 'more than once' in capsys.readouterr().err
+
+
+def test_first_samples_are_evaluated_against_their_own_ground_truth(demo_checkpoint):
+    """Ground-truth boxes as predictions of the first sample: the devkit matches them all (only with the narrowing)."""
+    from mmdet3d.datasets import build_dataset
+    config, _ = demo_checkpoint(AQR_DEMO)
+    cfg = Config.fromfile(config)
+    dataset = build_dataset(cfg.data.test)
+    tokens = keep_first_samples(dataset, 1)
+    assert len(dataset) == 1 and tokens == [dataset.data_infos[0]['token']]
+    annotations = dataset.get_ann_info(0)
+    known = annotations['gt_labels_3d'] >= 0
+    outputs = [dict(pts_bbox=dict(boxes_3d=annotations['gt_bboxes_3d'][torch.from_numpy(known)],
+                                  scores_3d=torch.ones(int(known.sum())),
+                                  labels_3d=torch.from_numpy(annotations['gt_labels_3d'][known])))]
+    with pytest.raises(AssertionError, match="Samples in split doesn't match"):
+        evaluate_results(dataset, outputs, cfg, ['bbox'])
+    with nuscenes_ground_truth_of(tokens):
+        metrics = evaluate_results(dataset, outputs, cfg, ['bbox'])
+    # every class is matched perfectly (AP 1) or has no box within its evaluation range (AP 0)
+    present = {dataset.CLASSES[label] for label in annotations['gt_labels_3d'][known]}
+    aps = {name: metrics[f'pts_bbox_NuScenes/{name}_AP_dist_0.5'] for name in dataset.CLASSES}
+    perfect = {name for name, ap in aps.items() if ap == pytest.approx(1.0, abs=0.02)}
+    assert perfect and perfect <= present
+    assert all(ap == pytest.approx(0.0) for name, ap in aps.items() if name not in perfect)
+    assert nuscenes_scores(metrics)['mAP'] == pytest.approx(len(perfect) / len(dataset.CLASSES), abs=0.02)
+    assert keep_first_samples(dataset, 5) is None  # not below the length: nothing cut

@@ -1,0 +1,232 @@
+"""Robustness of a CMT / CMT-AQR checkpoint: nuScenes mAP and NDS under every test-time sensor corruption.
+
+    python tools/eval_robustness.py CONFIG CHECKPOINT [--corruptions clean camera_drop fov:120 ...]
+        [--out DIR] [--samples N] [--corruption-seed S] [--cfg-options k=v ...]
+
+The model is built and loaded once; for each corruption the test dataset is
+rebuilt with a ``SensorCorruption`` step right after its loading steps (as
+``tools/test.py --corruption`` does), the model runs over it and the
+official nuScenes devkit evaluates the boxes (``dataset.evaluate``, metric
+``bbox``). A corruption that fails (e.g. the model raises on its input) is
+reported as failed with its error, and the others still run.
+
+Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
+``clean`` per corruption) and ``robustness.json`` to ``--out`` (default
+``work_dirs/<config name>/robustness``) and prints the table.
+``--samples N`` evaluates the first N test samples only (quick runs; the
+devkit's ground truth is narrowed to the same samples).
+"""
+import argparse
+import json
+import logging
+import os
+import os.path as osp
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+from mmcv import Config, DictAction
+from mmdet.apis import set_random_seed
+from mmdet.utils import get_root_logger
+from mmdet3d.apis import single_gpu_test
+from mmdet3d.datasets import build_dataset
+from torch import nn
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of  # noqa: E402
+from projects.mmdet3d_plugin.apis.testing import (apply_corruption, build_test_loader,  # noqa: E402
+                                                  build_test_model, corruption_spec, evaluate_results,
+                                                  load_test_config, nuscenes_scores, prepare_test_config)
+from projects.mmdet3d_plugin.mmcv_custom.launch import default_device  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E402
+
+#: The uncorrupted run, the reference of the deltas.
+CLEAN = 'clean'
+DEFAULT_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16', 'points:0.1')
+SCORES = ('mAP', 'NDS')
+#: Longest error message shown in the Markdown table (the JSON has it all).
+TABLE_ERROR_CHARS = 160
+
+
+@dataclass
+class CorruptionResult:
+    """The evaluation of one corruption.
+
+    Attributes:
+        corruption (str): ``clean`` or the corruption spec.
+        status (str): ``'ok'`` or ``'failed'``.
+        mAP (float, optional): nuScenes mAP (None if failed).
+        NDS (float, optional): nuScenes detection score (None if failed).
+        delta_mAP (float, optional): ``mAP - clean mAP`` (None without both).
+        delta_NDS (float, optional): ``NDS - clean NDS``.
+        error (str, optional): ``'ErrorType: message'`` of a failed run.
+        seconds (float): wall time of inference and evaluation.
+    """
+
+    corruption: str
+    status: str
+    mAP: Optional[float] = None
+    NDS: Optional[float] = None
+    delta_mAP: Optional[float] = None
+    delta_NDS: Optional[float] = None
+    error: Optional[str] = None
+    seconds: float = 0.0
+
+
+def robustness_spec(text: str) -> str:
+    """``argparse`` type of ``--corruptions`` items: ``clean`` or a corruption spec."""
+    return CLEAN if text.strip() == CLEAN else corruption_spec(text)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='nuScenes mAP / NDS of a detector under test-time sensor corruptions')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--corruptions', nargs='+', type=robustness_spec, default=list(DEFAULT_CORRUPTIONS),
+                        metavar='SPEC', help=f'"clean" and corruption specs to evaluate, in order (default: '
+                        f'{" ".join(DEFAULT_CORRUPTIONS)})')
+    parser.add_argument('--out', help='output folder (default: work_dirs/<config name>/robustness)')
+    parser.add_argument('--samples', type=int, help='evaluate the first N test samples only')
+    parser.add_argument('--corruption-seed', type=int, default=0, help='seed of the random corruptions (points:R)')
+    parser.add_argument('--seed', type=int, default=0, help='random seed')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
+    args = parser.parse_args(argv)
+    if args.samples is not None and args.samples < 1:
+        parser.error(f'--samples must be >= 1, got {args.samples}')
+    duplicates = sorted({spec for spec in args.corruptions if args.corruptions.count(spec) > 1})
+    if duplicates:
+        parser.error(f'--corruptions lists {duplicates} more than once')
+    return args
+
+
+def describe_error(error: BaseException) -> str:
+    """``'ErrorType: message'``; for an error re-raised from a data loader worker, the worker's original one."""
+    message = str(error).strip()
+    if 'Original Traceback' in message:  # torch's ExceptionWrapper: the worker's traceback ends with the error
+        return message.splitlines()[-1]
+    return f'{type(error).__name__}: {message}'
+
+
+def evaluate_corruption(model: nn.Module, cfg: Config, corruption: str, logger: logging.Logger,
+                        num_samples: Optional[int] = None, seed: int = 0,
+                        samples_per_gpu: int = 1) -> CorruptionResult:
+    """Run and evaluate the wrapped ``model`` on the test set under one corruption.
+
+    Args:
+        model (nn.Module): the detector, wrapped (``MMDataParallel``, ...).
+        cfg (Config): the test config (see ``prepare_test_config``).
+        corruption (str): ``clean`` or a corruption spec.
+        logger (logging.Logger): progress and errors (with their traceback).
+        num_samples (int, optional): evaluate the first N test samples only.
+        seed (int): seed of the random corruptions.
+        samples_per_gpu (int): batch size.
+
+    Returns:
+        CorruptionResult: its scores, or ``status='failed'`` and the error:
+        any exception is caught, so the caller can go on.
+    """
+    start = time.time()
+    try:
+        corrupted = apply_corruption(cfg, None if corruption == CLEAN else corruption, seed=seed, logger=logger)
+        dataset = build_dataset(corrupted.data.test)
+        sample_tokens = keep_first_samples(dataset, num_samples)
+        outputs = single_gpu_test(model, build_test_loader(dataset, corrupted, samples_per_gpu))
+        if sample_tokens is None:
+            metrics = evaluate_results(dataset, outputs, corrupted, ['bbox'], logger=logger)
+        else:
+            with nuscenes_ground_truth_of(sample_tokens):
+                metrics = evaluate_results(dataset, outputs, corrupted, ['bbox'], logger=logger)
+        scores = nuscenes_scores(metrics)
+    except Exception as error:  # report the corruption as failed and go on with the others
+        logger.exception(f'{corruption}: failed')
+        return CorruptionResult(corruption, 'failed', error=describe_error(error), seconds=time.time() - start)
+    return CorruptionResult(corruption, 'ok', seconds=time.time() - start, **scores)
+
+
+def add_deltas(results: Sequence[CorruptionResult]) -> None:
+    """Fill in each result's change from the ``clean`` result (left None without a successful clean run)."""
+    clean = next((r for r in results if r.corruption == CLEAN and r.status == 'ok'), None)
+    if clean is None:
+        return
+    for result in results:
+        if result.status == 'ok':
+            for score in SCORES:
+                setattr(result, f'delta_{score}', getattr(result, score) - getattr(clean, score))
+
+
+def _number(value: Optional[float], signed: bool = False) -> str:
+    if value is None:
+        return 'n/a'
+    value = round(value, 4) + 0.0  # no '-0.0000' for a tiny negative change
+    return f'{value:+.4f}' if signed else f'{value:.4f}'
+
+
+def _status(result: CorruptionResult) -> str:
+    if result.status == 'ok':
+        return 'ok'
+    error = ' '.join(result.error.split()).replace('|', '\\|')
+    if len(error) > TABLE_ERROR_CHARS:
+        error = error[:TABLE_ERROR_CHARS - 3] + '...'
+    return f'failed: {error}'
+
+
+def markdown_table(results: Sequence[CorruptionResult]) -> str:
+    """The results as a Markdown table: corruption, mAP, NDS, their deltas from clean, status."""
+    lines = ['| corruption | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---:|---:|---:|---:|---|']
+    for result in results:
+        lines.append(f'| {result.corruption} | {_number(result.mAP)} | {_number(result.NDS)} | '
+                     f'{_number(result.delta_mAP, True)} | {_number(result.delta_NDS, True)} | {_status(result)} |')
+    return '\n'.join(lines)
+
+
+def write_report(results: Sequence[CorruptionResult], out_dir: str, header: Dict[str, object]) -> List[str]:
+    """Write ``robustness.md`` and ``robustness.json`` to ``out_dir``; return their paths."""
+    markdown_path, json_path = osp.join(out_dir, 'robustness.md'), osp.join(out_dir, 'robustness.json')
+    details = '\n'.join(f'- {key}: {value}' for key, value in header.items())
+    with open(markdown_path, 'w') as file:
+        file.write(f'# Robustness to sensor corruptions\n\n{details}\n\n{markdown_table(results)}\n')
+    with open(json_path, 'w') as file:
+        json.dump(dict(header, results=[asdict(result) for result in results]), file, indent=2)
+    return [markdown_path, json_path]
+
+
+def main(argv: Optional[List[str]] = None) -> List[CorruptionResult]:
+    args = parse_args(argv)
+    cfg = load_test_config(args.config, args.cfg_options)
+    samples_per_gpu = prepare_test_config(cfg)
+    out_dir = args.out or osp.join('work_dirs', osp.splitext(osp.basename(args.config))[0], 'robustness')
+    os.makedirs(out_dir, exist_ok=True)
+    timestamp = time.strftime('%Y%m%d_%H%M%S', time.localtime())
+    logger = get_root_logger(log_file=osp.join(out_dir, f'robustness_{timestamp}.log'), log_level=cfg.log_level)
+    set_random_seed(args.seed)
+
+    dataset = build_dataset(cfg.data.test)
+    num_samples = min(args.samples or len(dataset), len(dataset))
+    device = default_device()
+    model = wrap_model(build_test_model(cfg, args.checkpoint, dataset.CLASSES, logger=logger), device, False)
+    logger.info(f'Robustness of {args.checkpoint} ({args.config}) on {device}: {len(args.corruptions)} runs of '
+                f'{num_samples} of {len(dataset)} test samples: {", ".join(args.corruptions)}')
+    results = []
+    for index, corruption in enumerate(args.corruptions, 1):
+        logger.info(f'[{index}/{len(args.corruptions)}] {corruption}')
+        result = evaluate_corruption(model, cfg, corruption, logger, args.samples, args.corruption_seed,
+                                     samples_per_gpu)
+        logger.info(f'[{index}/{len(args.corruptions)}] {corruption}: '
+                    + (f'mAP {result.mAP:.4f}, NDS {result.NDS:.4f}' if result.status == 'ok' else result.error)
+                    + f' ({result.seconds:.0f} s)')
+        results.append(result)
+    add_deltas(results)
+    header = dict(config=args.config, checkpoint=args.checkpoint, samples=num_samples,
+                  corruption_seed=args.corruption_seed)
+    paths = write_report(results, out_dir, header)
+    print(markdown_table(results))
+    logger.info(f'wrote {" and ".join(paths)}')
+    return results
+
+
+if __name__ == '__main__':
+    main()
