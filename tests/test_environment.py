@@ -4,6 +4,10 @@ These guard the setup recipe (tools/setup_env.sh): mmcv's CPU ops, spconv 2's
 sparse convolution through mmdet3d's ``SparseEncoder``, and the patched
 mmdet3d importing against mmcv-full 1.7.2.
 """
+import os
+import subprocess
+import sys
+
 import torch
 
 
@@ -58,3 +62,11 @@ def test_sparse_encoder_forward_backward_on_cpu():
     bev.sum().backward()
     assert features.grad is not None and torch.isfinite(features.grad).all()
     assert encoder.conv_input[0].weight.grad is not None
+
+
+def test_environment_makes_openmp_threads_wait_passively():
+    """tools/setup_env.sh's start-up line: spinning OpenMP threads made spconv 10x slower on shared cores."""
+    env = {key: value for key, value in os.environ.items() if key != 'OMP_WAIT_POLICY'}
+    policy = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get("OMP_WAIT_POLICY"))'], env=env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert policy == 'PASSIVE'

@@ -107,9 +107,18 @@ def random_batch(num_boxes=(3, 2), with_lidar=True, with_camera=True):
     return data
 
 
+def train_step(model, data: dict) -> dict:
+    """One training forward (``model.train_step``) and backward from a clean gradient; returns its outputs."""
+    model.train()
+    model.zero_grad()
+    outputs = model.train_step(data, optimizer=None)
+    outputs['loss'].backward()
+    return outputs
+
+
 @pytest.fixture(scope='session')
 def cmt_test_data():
     """The helpers of this module, for test files that cannot import it by name."""
     return dict(reduced_config=reduced_cmt_config, random_batch=random_batch, random_boxes=random_boxes,
-                make_img_metas=make_img_metas, small_range=SMALL_RANGE, num_query=NUM_QUERY,
+                make_img_metas=make_img_metas, train_step=train_step, small_range=SMALL_RANGE, num_query=NUM_QUERY,
                 image_size=(IMG_H, IMG_W), num_views=NUM_VIEWS)

@@ -27,14 +27,6 @@ def _aqr_cfg(cmt_test_data, name='cmt_aqr_voxel0100_r50_800x320_cbgs', **bias_op
     return cfg
 
 
-def _train_step(model, data):
-    model.train()
-    model.zero_grad()
-    outputs = model.train_step(data, optimizer=None)
-    outputs['loss'].backward()
-    return outputs
-
-
 def _test_step(model, data):
     model.eval()
     with torch.no_grad():
@@ -54,7 +46,7 @@ def test_aqr_configs_train_and_test_with_batch_of_two(name, cmt_test_data):
         'aqr_config', 'attention_bias_config'}, 'an AQR config only adds the two AQR dicts to the CMT head'
     model = _build(cfg)
     data = cmt_test_data['random_batch']((3, 2))
-    outputs = _train_step(model, data)
+    outputs = cmt_test_data['train_step'](model, data)
     assert torch.isfinite(outputs['loss'])
     head = model.pts_bbox_head
     assert head.attention_bias_generator.bias_scale.grad.abs().sum() > 0, 'no gradient reached bias_scale'
@@ -71,7 +63,7 @@ def test_gradients_reach_aqr_through_checkpointed_decoder_layers(cmt_test_data):
     cfg = _aqr_cfg(cmt_test_data)
     cfg.model.pts_bbox_head.transformer.decoder.transformerlayers.with_cp = True
     model = _build(cfg)
-    outputs = _train_step(model, cmt_test_data['random_batch']((2, 1)))
+    outputs = cmt_test_data['train_step'](model, cmt_test_data['random_batch']((2, 1)))
     head = model.pts_bbox_head
     assert torch.isfinite(outputs['loss'])
     assert head.attention_bias_generator.bias_scale.grad.abs().sum() > 0
@@ -153,7 +145,7 @@ def test_negative_camera_bias_silences_camera_keys_in_every_layer(with_cp, cmt_t
     bev_cells = cfg.model.train_cfg.pts.grid_size[0] // cfg.model.pts_bbox_head.downsample_scale
     recorder = _CameraMassRecorder(petr_attention.apply_attention, bev_cells**2)
     monkeypatch.setattr(petr_attention, 'apply_attention', recorder)
-    outputs = _train_step(model, cmt_test_data['random_batch']((2, 1)))
+    outputs = cmt_test_data['train_step'](model, cmt_test_data['random_batch']((2, 1)))
     num_layers = cfg.model.pts_bbox_head.transformer.decoder.num_layers
     # with_cp recomputes each layer in the backward pass: every call is recorded
     assert len(recorder.masses) == num_layers * (2 if with_cp else 1)
@@ -205,7 +197,7 @@ def test_legacy_feature_modulation_and_aux_loss(cmt_test_data, monkeypatch):
     monkeypatch.setattr(petr_attention, 'apply_attention', recorder)
     data = cmt_test_data['random_batch']((2, 1))
     data['img_metas'][0]['dropped_modalities'] = ['image']
-    outputs = _train_step(model, data)
+    outputs = cmt_test_data['train_step'](model, data)
     assert not recorder.biases, 'feature modulation must not bias the attention'
     assert outputs['log_vars']['loss_aqr_routing'] > 0
     assert model.pts_bbox_head.aqr_weight_generator.weight_head.weight.grad.abs().sum() > 0

@@ -65,14 +65,6 @@ def _assert_finite_boxes(results, num_samples):
         assert len(boxes) > 0 and torch.isfinite(boxes).all() and torch.isfinite(scores).all()
 
 
-def _train_step(model, data):
-    model.train()
-    model.zero_grad()
-    outputs = model.train_step(data, optimizer=None)
-    outputs['loss'].backward()
-    return outputs
-
-
 def _bev(model, points, metas):
     with torch.no_grad():
         return model.extract_pts_feat(points, None, metas)[0]
@@ -98,7 +90,7 @@ def test_batches_without_points_give_finite_boxes_and_losses(fusion, cmt_test_da
     data = cmt_test_data['random_batch']((3, 2))
     far_away = torch.full((5, 5), 100.0)  # outside point_cloud_range: voxelization keeps nothing
     _assert_finite_boxes(_simple_test(fusion, data, [_no_points(), far_away]), 2)
-    outputs = _train_step(fusion, dict(data, points=[far_away, _no_points()]))
+    outputs = cmt_test_data['train_step'](fusion, dict(data, points=[far_away, _no_points()]))
     assert torch.isfinite(outputs['loss']) and outputs['log_vars']['loss_bbox'] > 0
     grads = [p.grad for p in fusion.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
@@ -139,7 +131,7 @@ def test_a_single_voxel_trains_with_the_running_batch_norm_statistics(fresh_lida
     batch_norms = [m for m in fresh_lidar.pts_middle_encoder.modules() if isinstance(m, _BatchNorm)]
     running = [(m.running_mean.clone(), m.running_var.clone()) for m in batch_norms]
     with pytest.warns(UserWarning, match='single non-empty voxel'):
-        outputs = _train_step(fresh_lidar, data)
+        outputs = cmt_test_data['train_step'](fresh_lidar, data)
     assert torch.isfinite(outputs['loss'])
     assert all(m.training for m in batch_norms)
     for module, (mean, var) in zip(batch_norms, running):
@@ -182,6 +174,6 @@ def test_queries_no_camera_sees_give_finite_boxes(cmt_test_data):
     assert torch.isfinite(routing.lidar_weights).all() and torch.isfinite(routing.camera_weights).all()
     for boxes, scores, _ in bbox_list:
         assert len(boxes) > 0 and torch.isfinite(boxes.tensor).all() and torch.isfinite(scores).all()
-    outputs = _train_step(model, data)
+    outputs = cmt_test_data['train_step'](model, data)
     assert torch.isfinite(outputs['loss'])
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -22,19 +22,11 @@ def built(request, cmt_test_data):
     return request.param, model
 
 
-def _train_step(model, data):
-    model.train()
-    model.zero_grad()
-    outputs = model.train_step(data, optimizer=None)
-    outputs['loss'].backward()
-    return outputs
-
-
 def test_training_step_and_simple_test(built, cmt_test_data):
     name, model = built
     modality = CONFIGS[name]
     data = cmt_test_data['random_batch']((3, 2), **modality)
-    outputs = _train_step(model, data)
+    outputs = cmt_test_data['train_step'](model, data)
 
     assert torch.isfinite(outputs['loss'])
     log_vars = outputs['log_vars']
@@ -75,7 +67,7 @@ def fusion_r50(cmt_test_data):
 def test_samples_without_ground_truth_train_without_nan(fusion_r50, cmt_test_data):
     """A sample with no box next to one with boxes, then a batch with none: finite losses and gradients."""
     for num_boxes in ((2, 0), (0, 0)):
-        outputs = _train_step(fusion_r50, cmt_test_data['random_batch'](num_boxes))
+        outputs = cmt_test_data['train_step'](fusion_r50, cmt_test_data['random_batch'](num_boxes))
         assert torch.isfinite(outputs['loss']), num_boxes
         assert all(torch.isfinite(torch.tensor(v)) for v in outputs['log_vars'].values()), outputs['log_vars']
         grads = [p.grad for p in fusion_r50.parameters() if p.grad is not None]
@@ -88,5 +80,5 @@ def test_samples_without_lidar_points(fusion_r50, cmt_test_data):
     """One sample without points trains (more bad LiDAR input: test_cmt_bad_input.py)."""
     data = cmt_test_data['random_batch']((2, 1))
     data['points'][1] = data['points'][1][:0]
-    outputs = _train_step(fusion_r50, data)
+    outputs = cmt_test_data['train_step'](fusion_r50, data)
     assert torch.isfinite(outputs['loss'])
