@@ -70,7 +70,7 @@ def prepare_data(args: argparse.Namespace, total: int) -> None:
     """Steps 1 and 2, skipped when the stamp of the previous run has the same generator options."""
     stamp = osp.join(REPO_ROOT, args.data_root, '.demo_dataset.json')
     wanted = dict(generator=dataset_arguments(args), infos='--max-sweeps 3')
-    if osp.exists(stamp) and json.load(open(stamp)) == wanted:
+    if osp.exists(stamp) and read_json(stamp) == wanted:
         banner(1, total, f'synthetic nuScenes already in {args.data_root} (delete it to regenerate)')
         banner(2, total, 'info files and GT database already created')
         return
@@ -83,13 +83,15 @@ def prepare_data(args: argparse.Namespace, total: int) -> None:
         json.dump(wanted, f)
 
 
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
 def latest_metrics(eval_dir: str) -> Optional[Dict[str, float]]:
     """The metrics of the newest ``eval_*.json`` that tools/test.py wrote in ``eval_dir``, if any."""
     files = sorted(glob.glob(osp.join(eval_dir, 'eval_*.json')))
-    if not files:
-        return None
-    with open(files[-1]) as f:
-        return json.load(f)['metrics']
+    return read_json(files[-1])['metrics'] if files else None
 
 
 def evaluate(config: str, checkpoint: str, eval_dir: str, cfg_options: List[str]) -> Dict[str, float]:

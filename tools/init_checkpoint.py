@@ -32,18 +32,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    out_dir = osp.dirname(osp.abspath(args.out))
+    if not osp.isdir(out_dir):
+        raise FileNotFoundError(f'the folder of {args.out} does not exist')
     cfg = load_config(args)
     set_random_seed(args.seed, deterministic=args.deterministic)
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     logging.getLogger('mmcv').setLevel(logging.WARNING)  # not the per-parameter initialisation report
     model.init_weights()
     classes = cfg.get('class_names')
-    meta = dict(config=cfg.pretty_text, seed=args.seed, epoch=0, iter=0)
+    meta = dict(config=cfg.text, seed=args.seed, epoch=0, iter=0)
     if classes is not None:
         meta['CLASSES'] = list(classes)
-    out_dir = osp.dirname(osp.abspath(args.out))
-    if not osp.isdir(out_dir):
-        raise FileNotFoundError(f'the folder of {args.out} does not exist')
     save_checkpoint(model, args.out, meta=meta)
     num_params = sum(p.numel() for p in model.parameters())
     print(f'saved the untrained {cfg.model.type} ({num_params / 1e6:.2f} M parameters, seed {args.seed}) '

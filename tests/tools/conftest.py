@@ -55,14 +55,13 @@ def _shrink(node):
             _shrink(value)
 
 
-def set_data_root(cfg: Config, data_root: str) -> None:
-    """Read the info files, the GT database and 320 x 180 images of ``data_root``."""
+def set_data_root(cfg: Config, data_root: str) -> Config:
+    """A copy of ``cfg`` reading the info files, the GT database and the 320 x 180 images of ``data_root``."""
+    from projects.mmdet3d_plugin.datasets.data_root_config import retarget_data_root
+    cfg = retarget_data_root(cfg, data_root)
+
     def visit(node):
         if isinstance(node, dict):
-            if 'info_path' in node:
-                node['info_path'] = osp.join(data_root, 'nuscenes_dbinfos_train.pkl')
-                if node.get('data_root') is not None:  # mmdet3d's sampler: paths relative to data_root
-                    node['data_root'] = data_root
             if 'data_aug_conf' in node:
                 node['data_aug_conf'] = dict(node['data_aug_conf'], H=180, W=320)
             for value in node.values():
@@ -72,16 +71,14 @@ def set_data_root(cfg: Config, data_root: str) -> None:
                 visit(value)
 
     visit(cfg._cfg_dict)
-    for split, info in (('train', 'train'), ('val', 'val'), ('test', 'val')):
-        cfg.data[split].data_root = data_root
-        cfg.data[split].ann_file = osp.join(data_root, f'nuscenes_infos_{info}.pkl')
+    return cfg
 
 
 def tiny_config(data_root: str, base: str = 'cmt_voxel0100_r50_800x320_cbgs.py', slim: bool = False) -> Config:
     """``configs/<base>`` shrunk for the synthetic set of ``data_root`` (see the module docstring)."""
     cfg = Config.fromfile(osp.join(REPO_ROOT, 'configs', base))
     cfg.data.train = cfg.data.train.get('dataset', cfg.data.train)  # no CBGS resampling
-    set_data_root(cfg, data_root)
+    cfg = set_data_root(cfg, data_root)
     _shrink(cfg._cfg_dict)
     cfg.data.samples_per_gpu, cfg.data.workers_per_gpu = 1, 0
     model = cfg.model

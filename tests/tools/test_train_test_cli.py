@@ -46,7 +46,7 @@ def test_config_pipelines_yield_model_inputs(name, synthetic_nuscenes, tools_cli
     import projects.mmdet3d_plugin  # noqa: F401
     cfg = Config.fromfile(osp.join(REPO_ROOT, 'configs', f'{name}.py'))
     cfg.data.train = cfg.data.train.dataset
-    tools_cli.set_data_root(cfg, synthetic_nuscenes)
+    cfg = tools_cli.set_data_root(cfg, synthetic_nuscenes)
     uses_camera = 'lidar' not in name
     for split, test_mode in (('train', False), ('test', True)):
         sample = build_dataset(cfg.data[split])[0]
