@@ -5,7 +5,8 @@
 Steps, each printed as it starts and skipped when its output is already there
 (so a second run, or a run after an interruption, continues where it stopped):
 
-1. ``tools/make_synthetic_nuscenes.py``: a small dataset in the nuScenes v1.0 format;
+1. ``tools/make_synthetic_nuscenes.py``: a small dataset in the nuScenes v1.0 format
+   (many short scenes, for many different layouts; official v1.0-trainval scene names);
 2. ``tools/create_data.py nuscenes``: info files and the GT database;
 3. ``tools/init_checkpoint.py`` + ``tools/test.py --eval bbox``: the untrained model's metrics;
 4. ``tools/train.py --auto-resume``: trains the tiny model (progress and ETA in the log lines);
@@ -17,6 +18,7 @@ config pointed at ``--data-root`` (``<work dir>/<config name>.py``).
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import os.path as osp
@@ -29,6 +31,10 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py')
+# v1.0-trainval: its official scene names allow more than the 10 scenes of v1.0-mini.
+DEMO_VERSION = 'v1.0-trainval'
+# The demo configs detect within +-25.6 m of the ego; objects stay inside with room for their size.
+OBJECT_RANGE_M = 22.0
 METRIC_PREFIX = 'pts_bbox_NuScenes/'
 SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
 
@@ -40,8 +46,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--data-root', default='data/synthetic_nuscenes', help='where the synthetic set is written')
     parser.add_argument('--work-dir', help='logs, checkpoints and metrics (default: work_dirs/demo_<model>)')
     parser.add_argument('--epochs', type=int, help="training epochs (default: the demo config's)")
-    parser.add_argument('--scenes', type=int, default=10, help='synthetic scenes (a fifth of them for validation)')
-    parser.add_argument('--samples', type=int, default=10, help='key frames per scene')
+    parser.add_argument('--scenes', type=int, default=50, help='synthetic scenes (a fifth of them for validation)')
+    parser.add_argument('--samples', type=int, default=2, help='key frames per scene')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
     parser.add_argument('--cfg-options', nargs='+', default=[], help='passed on to tools/train.py and tools/test.py')
     return parser.parse_args(argv)
@@ -61,15 +67,20 @@ def run(command: List[str]) -> None:
 
 def dataset_arguments(args: argparse.Namespace) -> List[str]:
     """The generator's options; the demo config reads 384 x 216 images and 3 sweeps."""
-    return ['--root', args.data_root, '--version', 'v1.0-mini', '--scenes', str(args.scenes), '--samples',
+    return ['--root', args.data_root, '--version', DEMO_VERSION, '--scenes', str(args.scenes), '--samples',
             str(args.samples), '--seed', str(args.seed), '--image-size', '384', '216', '--lidar-azimuths', '360',
-            '--sweeps', '3']
+            '--sweeps', '3', '--object-range', str(OBJECT_RANGE_M)]
+
+
+def dataset_stamp(args: argparse.Namespace) -> dict:
+    """What identifies the demo's dataset: the generator's and create_data's options."""
+    return dict(generator=dataset_arguments(args), infos='--max-sweeps 3')
 
 
 def prepare_data(args: argparse.Namespace, total: int) -> None:
     """Steps 1 and 2, skipped when the stamp of the previous run has the same generator options."""
     stamp = osp.join(REPO_ROOT, args.data_root, '.demo_dataset.json')
-    wanted = dict(generator=dataset_arguments(args), infos='--max-sweeps 3')
+    wanted = dataset_stamp(args)
     if osp.exists(stamp) and read_json(stamp) == wanted:
         banner(1, total, f'synthetic nuScenes already in {args.data_root} (delete it to regenerate)')
         banner(2, total, 'info files and GT database already created')
@@ -78,7 +89,7 @@ def prepare_data(args: argparse.Namespace, total: int) -> None:
     run(['tools/make_synthetic_nuscenes.py'] + dataset_arguments(args))
     banner(2, total, 'creating the info files and the GT database')
     run(['tools/create_data.py', 'nuscenes', '--root-path', args.data_root, '--out-dir', args.data_root,
-         '--extra-tag', 'nuscenes', '--version', 'v1.0-mini', '--max-sweeps', '3'])
+         '--extra-tag', 'nuscenes', '--version', DEMO_VERSION, '--max-sweeps', '3'])
     with open(stamp, 'w') as f:
         json.dump(wanted, f)
 
@@ -117,15 +128,39 @@ def metrics_table(columns: Dict[str, Dict[str, float]], class_names: Sequence[st
     return '\n'.join(lines)
 
 
-def write_config(model: str, data_root: str, work_dir: str) -> str:
-    """The demo config of ``model`` reading ``data_root``, written into ``work_dir``; returns its path."""
+def demo_config(model: str, data_root: str):
+    """The demo config of ``model`` (an mmcv ``Config``) reading ``data_root``."""
     from mmcv import Config
 
     from projects.mmdet3d_plugin.datasets.data_root_config import retarget_data_root
-    cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, CONFIGS[model])), osp.join(REPO_ROOT, data_root))
-    path = osp.join(work_dir, osp.basename(CONFIGS[model]))
-    cfg.dump(osp.join(REPO_ROOT, path))
-    return path
+    return retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, CONFIGS[model])), osp.join(REPO_ROOT, data_root))
+
+
+def claim_work_dir(work_dir: str, fingerprint: dict) -> None:
+    """Mark ``work_dir`` as this demo run's, or stop if it holds a run of another config or dataset.
+
+    Resuming a checkpoint of another model or data (an older version of the
+    demo, another ``--seed``) would silently mix the two, so the work dir
+    keeps ``.demo_run.json``: the config and the dataset stamp it was made for.
+    """
+    stamp = osp.join(REPO_ROOT, work_dir, '.demo_run.json')
+    if osp.exists(stamp):
+        if read_json(stamp) != fingerprint:
+            raise SystemExit(f'demo stopped: {work_dir} holds a demo run of another config or dataset ({stamp}); '
+                             'delete that folder to start over, or pass another --work-dir')
+        return
+    if any(not name.startswith('.') for name in os.listdir(osp.join(REPO_ROOT, work_dir))):
+        raise SystemExit(f'demo stopped: {work_dir} holds files of an earlier run that is not marked as a run of '
+                         'this demo (an older version of it?); delete that folder to start over, or pass another '
+                         '--work-dir')
+    with open(stamp, 'w') as f:
+        json.dump(fingerprint, f)
+
+
+def run_fingerprint(cfg, args: argparse.Namespace) -> dict:
+    """What a work dir's checkpoints depend on: the whole config and the dataset stamp."""
+    config = json.dumps(cfg._cfg_dict.to_dict(), sort_keys=True, default=str)
+    return dict(config_sha256=hashlib.sha256(config.encode()).hexdigest(), dataset=dataset_stamp(args))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -136,9 +171,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.epochs is not None:
         train_options.append(f'runner.max_epochs={args.epochs}')
     total = 5
-    os.makedirs(osp.join(REPO_ROOT, work_dir), exist_ok=True)
+    for folder in (work_dir, args.data_root):
+        os.makedirs(osp.join(REPO_ROOT, folder), exist_ok=True)
+    cfg = demo_config(args.model, args.data_root)
+    claim_work_dir(work_dir, run_fingerprint(cfg, args))
+    config = osp.join(work_dir, osp.basename(CONFIGS[args.model]))
+    cfg.dump(osp.join(REPO_ROOT, config))
     prepare_data(args, total)
-    config = write_config(args.model, args.data_root, work_dir)
 
     untrained_dir = osp.join(work_dir, 'untrained')
     untrained = latest_metrics(osp.join(REPO_ROOT, untrained_dir))
@@ -161,8 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     checkpoint = osp.join(work_dir, 'latest.pth')
     trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), args.cfg_options)
 
-    from mmcv import Config
-    class_names = Config.fromfile(osp.join(REPO_ROOT, config)).get('class_names', ())
+    class_names = cfg.get('class_names', ())
     table = metrics_table({'untrained': untrained, f'trained {args.model}': trained}, class_names)
     with open(osp.join(REPO_ROOT, work_dir, 'demo_metrics.md'), 'w') as f:
         f.write(table + '\n')

@@ -38,6 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='camera image size; nuScenes is 1600 900, intrinsics scale with the width')
     parser.add_argument('--lidar-beams', type=int, default=32, help='LiDAR rings')
     parser.add_argument('--lidar-azimuths', type=int, default=720, help='LiDAR rays per ring')
+    parser.add_argument('--object-range', type=float, default=48.0,
+                        help='objects stay within this distance (|x|, |y|, metres) of the ego in every frame; '
+                        'keep it below the point-cloud range of the model that trains on the set')
     parser.add_argument('--seed', type=int, default=0, help='random seed (output is deterministic)')
     parser.add_argument('--quiet', action='store_true', help='no per-scene progress lines')
     return parser.parse_args(argv)
@@ -55,7 +58,7 @@ def main(argv=None) -> None:
                              num_val_scenes=val_scenes, samples_per_scene=args.samples,
                              sweeps_per_sample=args.sweeps, seed=args.seed, image_size=tuple(args.image_size),
                              objects_per_scene=args.objects, lidar_beams=args.lidar_beams,
-                             lidar_azimuths=args.lidar_azimuths)
+                             lidar_azimuths=args.lidar_azimuths, object_range=args.object_range)
     start = time.time()
     print(f'writing synthetic nuScenes {args.version} to {args.root}: {args.scenes} scenes '
           f'({val_scenes} val) x {args.samples} samples, images {args.image_size[0]}x{args.image_size[1]}, '

@@ -3,7 +3,7 @@ helpers to run the command-line tools.
 
 The data: tools/make_synthetic_nuscenes.py (2 scenes x 2 samples: 2 train and 2 val key frames, small images),
 converted by tools/create_data.py. ``tools_cli.tiny_config`` shrinks a repository config for it: 25.6 m range,
-40 queries, 64 x 160 images, no CBGS, one epoch, one sample per process, a log line per iteration;
+40 queries, 64 x 160 images, the set's nuScenes version, no CBGS, one epoch, one sample per process, a log line per iteration;
 ``slim=True`` also narrows the image backbone to a 16-channel ResNet, for small and fast checkpoints.
 """
 import os
@@ -23,6 +23,7 @@ SMALL_RANGE = [-12.8, -12.8, -5.0, 12.8, 12.8, 3.0]
 IMAGE_AUG = dict(resize_lim=(0.5, 0.5), final_dim=(64, 160), bot_pct_lim=(0.0, 0.0), rot_lim=(0.0, 0.0), H=180,
                  W=320, rand_flip=True)
 SLIM_IMAGE_CHANNELS = 16
+SYNTHETIC_VERSION = 'v1.0-mini'
 
 
 def free_port() -> int:
@@ -81,6 +82,9 @@ def tiny_config(data_root: str, base: str = 'cmt_voxel0100_r50_800x320_cbgs.py',
     cfg = set_data_root(cfg, data_root)
     _shrink(cfg._cfg_dict)
     cfg.data.samples_per_gpu, cfg.data.workers_per_gpu = 1, 0
+    for split in ('train', 'val', 'test'):
+        if 'version' in cfg.data[split]:
+            cfg.data[split].version = SYNTHETIC_VERSION
     model = cfg.model
     model.pts_bbox_head.num_query = 40
     model.pts_voxel_layer.max_voxels = (4000, 4000)
@@ -103,11 +107,11 @@ def synthetic_nuscenes(tmp_path_factory) -> str:
     """2 scenes x 2 samples of synthetic nuScenes with info files and GT database (the tools' main functions)."""
     from tools import create_data, make_synthetic_nuscenes
     root = str(tmp_path_factory.mktemp('synthetic_nuscenes'))
-    make_synthetic_nuscenes.main(['--root', root, '--scenes', '2', '--val-scenes', '1', '--samples', '2', '--sweeps',
-                                  '1', '--image-size', '320', '180', '--lidar-beams', '16', '--lidar-azimuths', '360',
-                                  '--quiet'])
+    make_synthetic_nuscenes.main(['--root', root, '--version', SYNTHETIC_VERSION, '--scenes', '2', '--val-scenes', '1',
+                                  '--samples', '2', '--sweeps', '1', '--image-size', '320', '180', '--lidar-beams', '16',
+                                  '--lidar-azimuths', '360', '--quiet'])
     create_data.main(['nuscenes', '--root-path', root, '--out-dir', root, '--extra-tag', 'nuscenes', '--version',
-                      'v1.0-mini'])
+                      SYNTHETIC_VERSION])
     return root
 
 

@@ -1,6 +1,8 @@
 """tools/demo.py (``make demo``) end to end on a tiny synthetic set, and its metrics table."""
 import json
 
+import pytest
+
 from tools import demo
 
 
@@ -30,3 +32,18 @@ def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     demo.main(argv)  # the second run skips data generation and the untrained evaluation
     out = capsys.readouterr().out
     assert 'already in' in out and 'untrained model already evaluated' in out
+
+    # another dataset (seed) must not resume this work dir's checkpoints; nothing is regenerated or overwritten
+    stamp = (data_root / '.demo_dataset.json').read_text()
+    with pytest.raises(SystemExit, match='another config or dataset'):
+        demo.main(argv + ['--seed', '1'])
+    assert (data_root / '.demo_dataset.json').read_text() == stamp
+
+
+def test_demo_refuses_a_work_dir_of_an_unmarked_earlier_run(tmp_path):
+    work_dir = tmp_path / 'old'
+    work_dir.mkdir()
+    (work_dir / 'latest.pth').write_bytes(b'')
+    with pytest.raises(SystemExit, match='earlier run'):
+        demo.main(['--data-root', str(tmp_path / 'data'), '--work-dir', str(work_dir)])
+    assert list((tmp_path / 'data').iterdir()) == []  # nothing generated

@@ -138,3 +138,26 @@ def test_bad_sizes_are_rejected(tmp_path):
         generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path), num_scenes=12, num_val_scenes=2), log=None)
     with pytest.raises(ValueError, match='sweeps_per_sample'):
         generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path), sweeps_per_sample=10), log=None)
+
+
+def test_object_range_bounds_every_annotation_in_the_ego_frame(tmp_path):
+    from nuscenes import NuScenes
+    from pyquaternion import Quaternion
+    root = str(tmp_path)
+    generate_synthetic_nuscenes(SyntheticConfig(root=root, version=VERSION, num_scenes=2, num_val_scenes=1,
+                                                samples_per_scene=3, sweeps_per_sample=1, image_size=(64, 36),
+                                                objects_per_scene=14, lidar_beams=8, lidar_azimuths=90,
+                                                object_range=20.0), log=None)
+    nusc = NuScenes(version=VERSION, dataroot=root, verbose=False)
+    offsets = []
+    for ann in nusc.sample_annotation:
+        sample = nusc.get('sample', ann['sample_token'])
+        pose = nusc.get('ego_pose', nusc.get('sample_data', sample['data']['LIDAR_TOP'])['ego_pose_token'])
+        offset = Quaternion(pose['rotation']).inverse.rotate(np.subtract(ann['translation'], pose['translation']))
+        offsets.append(offset[:2])
+    offsets = np.abs(np.asarray(offsets))
+    assert len(offsets) >= 2 * 3 * 10  # every class still fits in every scene
+    assert offsets.max() <= 20.0
+    with pytest.raises(ValueError, match='max_abs_xy'):
+        generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path / 'b'), num_scenes=1, num_val_scenes=0,
+                                                    object_range=5.0), log=None)

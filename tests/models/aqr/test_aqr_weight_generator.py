@@ -72,7 +72,25 @@ def test_sizes_come_from_the_inputs(rig):
     assert (info['pts_pers_idx'][..., 1] < 3).all() and (info['pts_pers_idx'][..., 2] < 7).all()
 
 
+@pytest.mark.parametrize('activation, init_weight, expected', [
+    ('sigmoid', None, (0.5, 0.5)), ('softmax', None, (2 / 3, 2 / 3)), ('sigmoid', 0.9, (0.9, 0.9)),
+    ('sigmoid', 0.2, (0.2, 0.2)), ('softmax', 0.9, (0.9, 0.9)), ('sigmoid', [0.9, 0.5], (0.9, 0.5)),
+    ('softmax', [0.8, 0.4], (0.8, 0.4))])
+def test_weights_start_at_init_weight(rig, activation, init_weight, expected):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   weight_activation=activation, init_weight=init_weight).eval()
+    lidar, camera, _ = generator(**_inputs(rig))
+    for weights, value in zip((lidar, camera), expected):
+        torch.testing.assert_close(weights, torch.full_like(weights, value), atol=0.06, rtol=0)
+
+
 def test_bad_config_and_shapes_raise(rig):
+    with pytest.raises(ValueError, match='init_weight'):
+        AQRWeightGenerator(init_weight=1.0)
+    with pytest.raises(ValueError, match='pair'):
+        AQRWeightGenerator(init_weight=[0.9, 0.5, 0.1])
+    with pytest.raises(ValueError, match='sum to more than 1'):
+        AQRWeightGenerator(weight_activation='softmax', init_weight=0.4)
     with pytest.raises(ValueError, match='window_sizes'):
         AQRWeightGenerator(window_sizes=[15])
     with pytest.raises(ValueError, match='weight_activation'):

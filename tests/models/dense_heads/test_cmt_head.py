@@ -182,3 +182,13 @@ def test_bad_configs_and_inputs_raise(cmt_test_data):
     head = head_cfg().train()
     with pytest.raises(ValueError, match='labels'):
         head([bev], [img], metas(cmt_test_data), [cmt_test_data['random_boxes'](1)] * 2, [torch.tensor([7])] * 2)
+
+
+def test_init_weights_reaches_every_task_head():
+    """Each task's classification output starts at the focal-loss prior init_bias, the other convs are re-drawn."""
+    head = head_cfg(separate_head=dict(type='SeparateTaskHead', init_bias=-2.19, final_kernel=1))
+    for task_head in head.task_heads:
+        assert torch.all(task_head.cls_logits[-1].bias == -2.19)
+        assert task_head.is_init
+    scores = head.task_heads[0].cls_logits[-1].bias.sigmoid()
+    torch.testing.assert_close(scores, torch.full_like(scores, 0.1), atol=1e-3, rtol=0)

@@ -45,5 +45,20 @@ def test_bad_arguments_raise():
         _head(groups=3)(torch.randn(2, 1, 5, 8))
     with pytest.raises(ValueError, match='odd'):
         _head(final_kernel=2)
-    with pytest.raises(ValueError, match='init_cfg'):
-        build_head(dict(type='SeparateTaskHead', in_channels=8, heads=HEADS, init_cfg=dict(type='Normal')))
+
+
+def test_init_cfg_initialises_the_convs_and_the_prior_still_wins():
+    head = build_head(dict(type='SeparateTaskHead', in_channels=8, heads=HEADS, head_conv=6, init_bias=-4.0,
+                           init_cfg=dict(type='Constant', layer='Conv1d', val=0.5, bias=0.25)))
+    head.init_weights()
+    assert torch.all(head.center[0].weight == 0.5) and torch.all(head.center[-1].bias == 0.25)
+    assert torch.all(head.cls_logits[-1].bias == -4.0)
+
+
+def test_default_init_keeps_the_regression_outputs_small():
+    """Offsets of centres / log-sizes start near 0, so the centre sigmoid is not saturated at the start."""
+    torch.manual_seed(0)
+    head = build_head(dict(type='SeparateTaskHead', in_channels=128, heads=HEADS, groups=1))
+    head.init_weights()
+    out = head(torch.randn(1, 1, 200, 128))
+    assert out['center'].std() < 1.0 and out['vel'].std() < 1.0

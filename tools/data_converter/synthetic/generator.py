@@ -73,6 +73,9 @@ class SyntheticConfig:
         objects_per_scene: objects per scene (the first 10 cover every class once).
         lidar_beams: LiDAR rings.
         lidar_azimuths: rays per ring.
+        object_range: bound on |x| and |y| of object centres in the ego frame at every
+            frame, in metres (48 fills a +-51.2 m detection range; a smaller demo range
+            needs a smaller bound).
     """
 
     root: str
@@ -86,6 +89,7 @@ class SyntheticConfig:
     objects_per_scene: int = 16
     lidar_beams: int = 32
     lidar_azimuths: int = 720
+    object_range: float = 48.0
 
 
 def split_scene_names(version: str, num_scenes: int, num_val_scenes: int) -> List[Tuple[str, str]]:
@@ -278,7 +282,7 @@ class _SceneWriter:
         sweep_times = [[t - SWEEP_INTERVAL_S * j for j in range(cfg.sweeps_per_sample, 0, -1)] for t in key_times]
         all_times = sorted([t for ts in sweep_times for t in ts] + key_times)
         ego = sample_ego_path(self.rng, all_times[0], tuple(self.rng.uniform(300.0, 2000.0, size=2)))
-        objects = sample_scene_objects(self.rng, ego, all_times, cfg.objects_per_scene)
+        objects = sample_scene_objects(self.rng, ego, all_times, cfg.objects_per_scene, max_abs_xy=cfg.object_range)
         calibs = self._calibrate()
         instances = [dict(token=self._token('instance', i), category_token=self.category_tokens[o.category],
                           nbr_annotations=0, first_annotation_token='', last_annotation_token='')

@@ -218,7 +218,8 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
         ego: the ego path.
         times: every frame time in seconds (key frames and sweeps) at which the layout must be valid.
         num_objects: wanted number of objects; fewer are returned if no free spot is found.
-        max_abs_xy: bound on |x| and |y| of every object centre in the ego frame, in metres.
+        max_abs_xy: bound on |x| and |y| of every object centre in the ego frame, in metres;
+            objects are drawn at most this far away (the guaranteed ones at most ``0.8 *`` as far).
         max_tries: proposals per object before giving up on it (twice as many for the
             guaranteed classes).
 
@@ -227,6 +228,9 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
     """
     if num_objects < 0:
         raise ValueError(f'num_objects must be >= 0, got {num_objects}')
+    if max_abs_xy < 10.0:
+        raise ValueError(f'max_abs_xy must be >= 10 m (objects keep 5 m from the ego), got {max_abs_xy}')
+    near_limit, far_limit = min(20.0, 0.8 * max_abs_xy), min(45.0, max_abs_xy)
     t_ref = float(np.mean(times))
     placed: List[SceneObject] = []
     num_classes = len(DETECTION_CLASSES)
@@ -238,9 +242,9 @@ def sample_scene_objects(rng: np.random.Generator, ego: EgoPath, times: Sequence
         for attempt in range(2 * max_tries if guaranteed else max_tries):
             if guaranteed and attempt < max_tries:
                 azimuth = 2 * np.pi * index / num_classes + rng.uniform(-0.2, 0.2)
-                obj = _propose_object(class_name, rng, ego, t_ref, azimuth, 6.0, 20.0)
+                obj = _propose_object(class_name, rng, ego, t_ref, azimuth, 6.0, near_limit)
             else:
-                obj = _propose_object(class_name, rng, ego, t_ref, None, 5.0, 45.0)
+                obj = _propose_object(class_name, rng, ego, t_ref, None, 5.0, far_limit)
             if _is_placeable(obj, placed, ego, times, max_abs_xy):
                 placed.append(obj)
                 break

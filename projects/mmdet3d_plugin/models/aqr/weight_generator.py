@@ -1,5 +1,5 @@
 """AQR weight generator: per-query LiDAR / camera trust from a local-window transformer layer."""
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn.bricks.transformer import FFN
@@ -55,6 +55,32 @@ def _pos_tokens(pos: Optional[Tensor], bs: int, count: int, channels: int, name:
     return pos
 
 
+def initial_logits(weight_activation: str, init_weight: Optional[Union[float, Sequence[float]]]) -> Tensor:
+    """Bias of the weight head that makes the modality weights start at ``init_weight``.
+
+    Args:
+        weight_activation (str): ``'sigmoid'`` (2 logits) or ``'softmax'`` (3 routes).
+        init_weight (float | Sequence[float], optional): start value of both
+            weights, or ``(lidar, camera)``; None gives zero logits.
+
+    Returns:
+        Tensor: ``[2]`` or ``[3]`` logits.
+    """
+    num_logits = 2 if weight_activation == 'sigmoid' else 3
+    if init_weight is None:
+        return torch.zeros(num_logits)
+    pair = (init_weight, init_weight) if isinstance(init_weight, (int, float)) else tuple(init_weight)
+    if len(pair) != 2 or not all(0.0 < w < 1.0 for w in pair):
+        raise ValueError(f'init_weight must be a weight in (0, 1) or a (lidar, camera) pair of them, got {init_weight}')
+    lidar, camera = (float(w) for w in pair)
+    if weight_activation == 'sigmoid':
+        return torch.tensor([lidar, camera]).logit()
+    if lidar + camera <= 1.0:
+        raise ValueError(f'with weight_activation=\'softmax\' the init_weight (lidar, camera) must sum to more than 1 '
+                         f'(p_both = lidar + camera - 1), got {init_weight}')
+    return torch.tensor([1.0 - camera, 1.0 - lidar, lidar + camera - 1.0]).log()
+
+
 @MODELS.register_module()
 class AQRWeightGenerator(BaseModule):
     """Adaptive Query Routing weights: how much each query trusts LiDAR and camera.
@@ -73,9 +99,14 @@ class AQRWeightGenerator(BaseModule):
     * ``weight_activation='softmax'``: three routes (LiDAR, camera, both) as in
       MoME, ``p = softmax(l)``, ``lidar = p_0 + p_2``, ``camera = p_1 + p_2``.
 
-    The head's weights are initialised with ``N(0, 0.01)`` and zero bias, so
-    the sigmoid weights start near 0.5, i.e. a bias near 0 (close to baseline
-    CMT) while every parameter still receives gradients.
+    The head's weights are initialised with ``N(0, 0.01)`` and, by default,
+    zero bias, so the sigmoid weights start near 0.5, i.e. a bias near 0
+    (close to baseline CMT) while every parameter still receives gradients.
+    ``init_weight`` starts both weights near another value instead: above 0.5
+    the local bias starts *attracting* each query to its own windows, a
+    locality prior that lets a short training run (the CPU demo) learn where a
+    query should look — without it the decoder needs thousands of iterations
+    to learn that from the position embeddings alone.
 
     Args:
         embed_dims (int): channels of queries and memory. Default: 256.
@@ -89,6 +120,12 @@ class AQRWeightGenerator(BaseModule):
         aux_loss_weight (float): weight of the auxiliary routing loss from
             modality-drop augmentation (:mod:`.aux_loss`); 0 turns it off.
             Default: 0.
+        init_weight (float | Sequence[float], optional): value both weights
+            start at, or a ``(lidar, camera)`` pair, each in ``(0, 1)``; with
+            ``'softmax'`` the pair must sum to more than 1 (the routes start at
+            ``p_lidar = 1 - camera``, ``p_camera = 1 - lidar``, ``p_both =
+            lidar + camera - 1``). Default: None (zero bias: 0.5 for sigmoid,
+            2/3 for softmax).
         init_cfg (dict, optional): mmcv initialisation config.
     """
 
@@ -100,6 +137,7 @@ class AQRWeightGenerator(BaseModule):
                  dropout: float = 0.1,
                  weight_activation: str = 'sigmoid',
                  aux_loss_weight: float = 0.0,
+                 init_weight: Optional[Union[float, Sequence[float]]] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if len(window_sizes) != 2:
@@ -119,7 +157,8 @@ class AQRWeightGenerator(BaseModule):
         self.norms = nn.ModuleList([nn.LayerNorm(embed_dims), nn.LayerNorm(embed_dims)])
         self.weight_head = nn.Linear(embed_dims, 2 if weight_activation == 'sigmoid' else 3)
         nn.init.normal_(self.weight_head.weight, std=0.01)
-        nn.init.zeros_(self.weight_head.bias)
+        with torch.no_grad():
+            self.weight_head.bias.copy_(initial_logits(weight_activation, init_weight))
 
     def window_index(self, projection_info: Dict[str, Tensor], bev_shape: Tuple[int, int],
                      camera_shape: Tuple[int, int, int]) -> Tuple[Tensor, Tensor]:

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmcv.cnn import ConvModule
-from mmcv.runner import BaseModule, force_fp32
+from mmcv.runner import BaseModule, ModuleList, force_fp32
 from mmdet.core import build_assigner, build_bbox_coder
 from mmdet.models.builder import HEADS, build_head, build_loss
 from mmdet.models.utils import build_transformer
@@ -186,7 +186,9 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             self.rv_embedding = nn.Sequential(
                 nn.Linear(depth_num * 3, hidden_dim * 4), nn.ReLU(inplace=True), nn.Linear(hidden_dim * 4, hidden_dim))
         num_layers = len(self.transformer.decoder.layers)
-        self.task_heads = nn.ModuleList()
+        # mmcv's ModuleList, so that init_weights() reaches every SeparateTaskHead (with torch's
+        # nn.ModuleList the classification prior init_bias would never be set).
+        self.task_heads = ModuleList()
         for num_cls in self.num_classes:
             heads = dict(copy.deepcopy(common_heads), cls_logits=(num_cls, 2))
             self.task_heads.append(build_head(dict(separate_head, in_channels=hidden_dim, heads=heads,
