@@ -90,13 +90,17 @@ def prepare_data(args: argparse.Namespace, total: int) -> None:
     banner(2, total, 'creating the info files and the GT database')
     run(['tools/create_data.py', 'nuscenes', '--root-path', args.data_root, '--out-dir', args.data_root,
          '--extra-tag', 'nuscenes', '--version', DEMO_VERSION, '--max-sweeps', '3'])
-    with open(stamp, 'w') as f:
-        json.dump(wanted, f)
+    write_json(stamp, wanted)
 
 
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
+
+
+def write_json(path: str, value) -> None:
+    with open(path, 'w') as f:
+        json.dump(value, f)
 
 
 def latest_metrics(eval_dir: str) -> Optional[Dict[str, float]]:
@@ -153,8 +157,7 @@ def claim_work_dir(work_dir: str, fingerprint: dict) -> None:
         raise SystemExit(f'demo stopped: {work_dir} holds files of an earlier run that is not marked as a run of '
                          'this demo (an older version of it?); delete that folder to start over, or pass another '
                          '--work-dir')
-    with open(stamp, 'w') as f:
-        json.dump(fingerprint, f)
+    write_json(stamp, fingerprint)
 
 
 def run_fingerprint(cfg, args: argparse.Namespace) -> dict:
