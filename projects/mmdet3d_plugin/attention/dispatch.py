@@ -45,8 +45,10 @@ def _auto_order(call: AttentionCall) -> Tuple[str, ...]:
     return 'segment', 'flashbias', 'sdpa', 'math'
 
 
-def _choose(call: AttentionCall) -> Tuple[str, str]:
+def _choose(call: AttentionCall, prefer: Optional[str] = None) -> Tuple[str, str]:
     order = _auto_order(call)
+    if prefer is not None:
+        order = (prefer, ) + tuple(name for name in order if name != prefer)
     skipped = []
     for name in order:
         reasons = BACKENDS[name].not_supported_reasons(call)
@@ -144,7 +146,8 @@ def apply_attention(q: Tensor,
                     key_padding_mask: Optional[Tensor] = None,
                     backend: str = 'auto',
                     dropout_p: float = 0.0,
-                    scale: Optional[float] = None) -> Tensor:
+                    scale: Optional[float] = None,
+                    prefer: Optional[str] = None) -> Tensor:
     """Multi-head attention ``softmax(q k^T * scale + bias) v`` with an exactly applied bias.
 
     Args:
@@ -160,6 +163,10 @@ def apply_attention(q: Tensor,
         dropout_p (float): dropout on the attention probabilities (pass 0
             outside training).
         scale (float, optional): multiplier of ``q k^T``; default ``d ** -0.5``.
+        prefer (str, optional): with ``backend='auto'``, a backend tried before
+            the preference list (``'flashbias'`` for ``use_flashbias=True``);
+            when it cannot apply the call exactly, the log line says why and
+            ``auto``'s choice runs.
 
     Returns:
         Tensor: ``[bs, heads, Q, d]`` in q's dtype. A query whose keys are all
@@ -172,9 +179,12 @@ def apply_attention(q: Tensor,
     """
     if backend != 'auto' and backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose from {['auto'] + list(BACKENDS)}")
+    if prefer is not None and (backend != 'auto' or prefer not in BACKENDS):
+        raise ValueError(f"prefer={prefer!r} needs backend='auto' and a backend of {list(BACKENDS)}, got "
+                         f"backend={backend!r}")
     call = _make_call(q, k, v, bias, key_padding_mask, dropout_p, scale)
     if backend == 'auto':
-        backend, reason = _choose(call)
+        backend, reason = _choose(call, prefer)
     else:
         reason = 'set explicitly'
     _log_once(backend, call, reason)

@@ -1,5 +1,6 @@
 """AQR weight generator: per-query LiDAR / camera trust from a local-window transformer layer."""
-from typing import Dict, Optional, Sequence, Tuple, Union
+import logging
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn.bricks.transformer import FFN
@@ -10,8 +11,41 @@ from torch import Tensor, nn
 from .aux_loss import modality_drop_flags, routing_loss
 from .local_window import LocalWindowAttention, check_window_size, window_token_index
 from .projection import project_reference_points
+from .routing_layer_config import routing_layer_args
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
+LAYER_DEFAULTS = dict(embed_dims=256, num_heads=8, feedforward_channels=1024, dropout=0.1)
+logger = logging.getLogger('mmdet')
+
+
+def resolve_layer_sizes(given: Dict[str, Any], encoder_config: Optional[dict]) -> Dict[str, Any]:
+    """The routing layer's ``embed_dims``, ``num_heads``, ``feedforward_channels`` and ``dropout``.
+
+    Args:
+        given (dict): those arguments as passed (None = not given).
+        encoder_config (dict, optional): the mmcv layer config they may come
+            from instead (see :func:`routing_layer_args`).
+
+    Returns:
+        dict: the four values: given, else from ``encoder_config``, else
+        :data:`LAYER_DEFAULTS`.
+
+    Raises:
+        ValueError: a value is given both ways and they differ.
+    """
+    from_config = routing_layer_args(encoder_config) if encoder_config is not None else {}
+    sizes = {}
+    for name, default in LAYER_DEFAULTS.items():
+        value, configured = given.get(name), from_config.get(name)
+        if value is not None and configured is not None and value != configured:
+            raise ValueError(f'AQRWeightGenerator: {name}={value} but encoder_config sets {name}={configured}; '
+                             f'give it once (CmtHead passes embed_dims=hidden_dim)')
+        sizes[name] = next((v for v in (value, configured) if v is not None), default)
+    if from_config.get('use_flashbias'):
+        logger.info('AQRWeightGenerator: encoder_config asks use_flashbias=True; flashbias does not apply to the '
+                    'routing layer, whose local attention mask is applied exactly by gathering each query\'s window '
+                    'tokens (no bias to fold into the keys), so the gathered window attention runs')
+    return sizes
 
 
 def flatten_memory(bev_feat: Tensor, img_feat: Tensor) -> Tuple[Tensor, Tuple[int, int], Tuple[int, int, int]]:
@@ -109,13 +143,23 @@ class AQRWeightGenerator(BaseModule):
     to learn that from the position embeddings alone.
 
     Args:
-        embed_dims (int): channels of queries and memory. Default: 256.
-        num_heads (int): attention heads. Default: 8.
+        embed_dims (int, optional): channels of queries and memory. Default: 256.
+        num_heads (int, optional): attention heads. Default: 8.
         window_sizes (Sequence[int]): odd window sides ``[camera, lidar]`` in
             feature cells. Default: ``[15, 5]``.
-        feedforward_channels (int): FFN hidden size. Default: 1024.
-        dropout (float): dropout on attention probabilities, the attention
-            output and in the FFN. Default: 0.1.
+        feedforward_channels (int, optional): FFN hidden size. Default: 1024.
+        dropout (float, optional): dropout on attention probabilities, the
+            attention output and in the FFN. Default: 0.1.
+        encoder_config (dict, optional): the routing layer as an mmcv encoder
+            / ``BaseTransformerLayer`` config (the design notes' form), from
+            which ``embed_dims``, ``num_heads``, ``feedforward_channels`` and
+            ``dropout`` are read when not given as arguments; its attention
+            may be ``PETRMultiheadFlashAttention``, ``PETRMultiheadAttention``
+            or ``MultiheadAttention`` (all run as the gathered window
+            attention) and may ask ``use_flashbias=True`` (logged: the window
+            mask is a gather, there is no bias for flashbias to apply).
+            Anything else the layer cannot honour raises, see
+            :func:`.routing_layer_config.routing_layer_args`. Default: None.
         weight_activation (str): ``'sigmoid'`` or ``'softmax'``. Default: ``'sigmoid'``.
         aux_loss_weight (float): weight of the auxiliary routing loss from
             modality-drop augmentation (:mod:`.aux_loss`); 0 turns it off.
@@ -130,16 +174,21 @@ class AQRWeightGenerator(BaseModule):
     """
 
     def __init__(self,
-                 embed_dims: int = 256,
-                 num_heads: int = 8,
+                 embed_dims: Optional[int] = None,
+                 num_heads: Optional[int] = None,
                  window_sizes: Sequence[int] = (15, 5),
-                 feedforward_channels: int = 1024,
-                 dropout: float = 0.1,
+                 feedforward_channels: Optional[int] = None,
+                 dropout: Optional[float] = None,
                  weight_activation: str = 'sigmoid',
                  aux_loss_weight: float = 0.0,
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
+                 encoder_config: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        sizes = resolve_layer_sizes(
+            dict(embed_dims=embed_dims, num_heads=num_heads, feedforward_channels=feedforward_channels,
+                 dropout=dropout), encoder_config)
+        embed_dims, num_heads, dropout = sizes['embed_dims'], sizes['num_heads'], sizes['dropout']
         if len(window_sizes) != 2:
             raise ValueError(f'window_sizes must be [camera, lidar], got {window_sizes!r}')
         if weight_activation not in WEIGHT_ACTIVATIONS:
@@ -153,7 +202,7 @@ class AQRWeightGenerator(BaseModule):
         self.aux_loss_weight = float(aux_loss_weight)
         self.attention = LocalWindowAttention(embed_dims, num_heads, attn_drop=dropout)
         self.attn_dropout = nn.Dropout(dropout)
-        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels, ffn_drop=dropout)
+        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=sizes['feedforward_channels'], ffn_drop=dropout)
         self.norms = nn.ModuleList([nn.LayerNorm(embed_dims), nn.LayerNorm(embed_dims)])
         self.weight_head = nn.Linear(embed_dims, 2 if weight_activation == 'sigmoid' else 3)
         nn.init.normal_(self.weight_head.weight, std=0.01)

@@ -6,6 +6,12 @@ Turning a CMT config into CMT-AQR means adding to its ``CmtHead``::
     attention_bias_config=dict(type='AttentionBiasGenerator', window_size=15, bias_scale=1.0,
                                use_local_bias=True, fp16=True),
 
+The design notes' switch ``enable_aqr`` is accepted too: ``True`` requires
+``aqr_config``, ``False`` builds plain CMT even when the AQR dicts are present
+(logged). Their legacy names ``renderer_config`` / ``modulator_config`` are
+rejected with the names used here (``weight_renderer_config`` /
+``feature_modulator_config``).
+
 Data flow of one forward pass (``modulation='attention_bias'``, the default)::
 
     reference points, query pos. embeddings (matching queries, no DN)
@@ -25,6 +31,7 @@ The new parameters live under ``aqr_weight_generator.`` and
 ``attention_bias_generator.``, so a CMT checkpoint loads into CMT-AQR with
 only those reported missing.
 """
+import logging
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -36,6 +43,24 @@ from ..utils.denoising import DenoisingQueries
 from ..utils.petr_transformer import PerLayer
 
 MODULATIONS = ('attention_bias', 'feature')
+RENAMED_KEYS = dict(renderer_config='weight_renderer_config', modulator_config='feature_modulator_config')
+logger = logging.getLogger('mmdet')
+
+
+def reject_renamed_keys(owner: str, **configs: Optional[dict]) -> None:
+    """Raise for a design-notes key that has another name here (see :data:`RENAMED_KEYS`).
+
+    Args:
+        owner (str): the class name, for the message.
+        **configs: ``renderer_config`` / ``modulator_config`` as given (None = absent).
+
+    Raises:
+        ValueError: naming the key and the one to use instead.
+    """
+    for key, value in configs.items():
+        if value is not None:
+            raise ValueError(f"{owner}: {key} is the design notes' name of the legacy scheme's module; use "
+                             f"{RENAMED_KEYS[key]} (with modulation='feature') instead")
 
 
 @dataclass
@@ -81,8 +106,9 @@ class AQRRoutingMixin:
                            attention_bias_config: Optional[dict],
                            modulation: str = 'attention_bias',
                            weight_renderer_config: Optional[dict] = None,
-                           feature_modulator_config: Optional[dict] = None) -> None:
-        """Build the AQR modules (none when ``aqr_config`` is None: plain CMT).
+                           feature_modulator_config: Optional[dict] = None,
+                           enable_aqr: Optional[bool] = None) -> None:
+        """Build the AQR modules (none when ``aqr_config`` is None or ``enable_aqr`` is False: plain CMT).
 
         Args:
             aqr_config (dict, optional): ``AQRWeightGenerator`` config;
@@ -95,8 +121,25 @@ class AQRRoutingMixin:
                 for ``modulation='feature'``.
             feature_modulator_config (dict, optional): ``FeatureModulator``
                 config for ``modulation='feature'``.
+            enable_aqr (bool, optional): the design notes' switch. None: AQR
+                iff ``aqr_config`` is given; True: AQR, ``aqr_config``
+                required; False: plain CMT, the AQR configs are not built
+                (logged).
         """
         name = type(self).__name__
+        if enable_aqr not in (None, True, False):
+            raise ValueError(f'{name}: enable_aqr must be True, False or None, got {enable_aqr!r}')
+        if enable_aqr and aqr_config is None:
+            raise ValueError(f"{name}: enable_aqr=True needs aqr_config, e.g. dict(type='AQRWeightGenerator', "
+                             f"window_sizes=[15, 5])")
+        if enable_aqr is False:
+            configs = dict(aqr_config=aqr_config, attention_bias_config=attention_bias_config,
+                           weight_renderer_config=weight_renderer_config,
+                           feature_modulator_config=feature_modulator_config)
+            present = [key for key, value in configs.items() if value is not None]
+            if present:
+                logger.info(f'{name}: enable_aqr=False, so {", ".join(present)} are not built: plain CMT')
+            aqr_config = attention_bias_config = weight_renderer_config = feature_modulator_config = None
         if modulation not in MODULATIONS:
             raise ValueError(f'{name}: modulation must be one of {MODULATIONS}, got {modulation!r}')
         self.modulation = modulation

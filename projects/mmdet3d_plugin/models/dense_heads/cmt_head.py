@@ -42,7 +42,7 @@ from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw,
 from ..utils.denoising import DenoisingQueries, build_dn_queries
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
-from .aqr_routing import AQRRoutingMixin, routing_of
+from .aqr_routing import AQRRoutingMixin, reject_renamed_keys, routing_of
 from .cmt_head_loss import CmtHeadLossMixin
 
 NUSCENES_TASKS = (
@@ -101,6 +101,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             (``modulation='feature'``).
         feature_modulator_config (dict, optional): ``FeatureModulator`` config
             (``modulation='feature'``).
+        enable_aqr (bool, optional): the design notes' switch: None (default)
+            runs AQR iff ``aqr_config`` is given; True requires it; False
+            gives plain CMT even when the AQR configs are present.
+        renderer_config (dict, optional): the design notes' name of
+            ``weight_renderer_config``; raises a ``ValueError`` naming it.
+        modulator_config (dict, optional): the design notes' name of
+            ``feature_modulator_config``; raises a ``ValueError`` naming it.
         init_cfg (dict, optional): must be None.
     """
 
@@ -135,7 +142,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  modulation: str = 'attention_bias',
                  weight_renderer_config: Optional[dict] = None,
                  feature_modulator_config: Optional[dict] = None,
+                 enable_aqr: Optional[bool] = None,
+                 renderer_config: Optional[dict] = None,
+                 modulator_config: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
+        reject_renamed_keys(type(self).__name__, renderer_config=renderer_config, modulator_config=modulator_config)
         if init_cfg is not None:
             raise ValueError(f'{type(self).__name__} initialises itself; init_cfg must be None, got {init_cfg}')
         if not norm_bbox:
@@ -196,7 +207,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if train_cfg:
             self.assigner = build_assigner(train_cfg['assigner'])
         self.init_query_routing(aqr_config, attention_bias_config, modulation, weight_renderer_config,
-                                feature_modulator_config)
+                                feature_modulator_config, enable_aqr)
 
     def init_weights(self) -> None:
         """Children's initialisation, then anchor reference points uniform in ``[0, 1]^3``."""

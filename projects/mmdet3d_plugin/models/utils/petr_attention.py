@@ -86,10 +86,14 @@ class BiasedMultiheadAttention(nn.Module):
         backend (str): ``apply_attention`` backend (``'auto'``, ``'math'``,
             ``'sdpa'``, ``'segment'``, ``'flashbias'``, ``'flex'``,
             ``'flash_attn'``).
+        prefer_flashbias (bool): with ``backend='auto'``, run ``'flashbias'``
+            whenever it applies the call exactly and otherwise what ``'auto'``
+            picks (``apply_attention(prefer='flashbias')``, which logs the
+            choice and why flashbias was skipped).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, attn_drop: float = 0.0,
-                 backend: str = 'auto') -> None:
+                 backend: str = 'auto', prefer_flashbias: bool = False) -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f'embed_dim {embed_dim} is not divisible by num_heads {num_heads}')
@@ -97,7 +101,11 @@ class BiasedMultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.attn_drop = attn_drop
+        if prefer_flashbias and backend != 'auto':
+            raise ValueError(f"prefer_flashbias (use_flashbias=True) needs backend='auto', got backend={backend!r}; "
+                             f"set one of them")
         self.backend = backend
+        self.prefer_flashbias = prefer_flashbias
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -144,7 +152,8 @@ class BiasedMultiheadAttention(nn.Module):
             bias=attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
             key_padding_mask=key_padding_mask,
             backend=self.backend,
-            dropout_p=self.attn_drop if self.training else 0.0)
+            dropout_p=self.attn_drop if self.training else 0.0,
+            prefer='flashbias' if self.prefer_flashbias else None)
         out = out.transpose(1, 2).reshape(bs, num_queries, self.embed_dim)
         return self.out_proj(out)
 
@@ -173,6 +182,11 @@ class PETRMultiheadFlashAttention(BaseModule):
             argument, so the published models were trained with no dropout on
             the cross-attention probabilities and 0.1 on the residual branch.
             Keeping ``attn_drop = 0`` also lets the fast attention kernels run.
+        use_flashbias (bool): the design notes' switch: prefer the
+            ``'flashbias'`` backend where it applies the mask or bias exactly
+            (no mask, or low-rank biases such as AQR's global bias), otherwise
+            run what ``backend='auto'`` picks; the fallback is logged with its
+            reason. Needs ``backend='auto'``. Default: False.
     """
 
     def __init__(self,
@@ -185,7 +199,8 @@ class PETRMultiheadFlashAttention(BaseModule):
                  batch_first: bool = False,
                  backend: str = 'auto',
                  bias: bool = True,
-                 dropout: Optional[float] = None) -> None:
+                 dropout: Optional[float] = None,
+                 use_flashbias: bool = False) -> None:
         super().__init__(init_cfg)
         if dropout is not None:
             dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=dropout)
@@ -193,7 +208,7 @@ class PETRMultiheadFlashAttention(BaseModule):
         self.num_heads = num_heads
         self.batch_first = batch_first
         self.attn = BiasedMultiheadAttention(embed_dims, num_heads, bias=bias, attn_drop=attn_drop,
-                                             backend=backend)
+                                             backend=backend, prefer_flashbias=use_flashbias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dropout_layer = build_dropout(dropout_layer) if dropout_layer else nn.Identity()
 
