@@ -133,6 +133,10 @@ def test_head_design_note_keys(cmt_test_data, caplog):
     assert not model.pts_bbox_head.with_query_routing
     assert _shapes(model) == _shapes(_build(plain_cfg))
     assert 'enable_aqr=False, so aqr_config, attention_bias_config are not built' in caplog.text
+    broken = copy.deepcopy(plain_cfg)
+    broken.model.pts_head = dict(enable_aqr=True)
+    with pytest.raises(ValueError, match='pts_head .* the head.s key is pts_bbox_head'):
+        _build(broken)
     for options, message in (
             (dict(enable_aqr=True), 'enable_aqr=True needs aqr_config'),
             (dict(renderer_config=dict(type='WeightRenderer')), 'renderer_config .* use weight_renderer_config'),

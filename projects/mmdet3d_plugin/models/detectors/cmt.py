@@ -44,13 +44,19 @@ class CmtDetector(MVXTwoStageDetector):
             (``voxel_size``, ``point_cloud_range``, ``max_num_points``,
             ``max_voxels``, ``num_point_features``); built here with spconv 2,
             which runs on CPU and GPU, instead of mmcv's ``Voxelization``.
+        pts_head (dict, optional): the design notes' shorthand for
+            ``pts_bbox_head``; raises a ``ValueError`` naming the key to use.
         **kwargs: the other ``MVXTwoStageDetector`` arguments
             (``pts_voxel_encoder``, ``pts_middle_encoder``, ``pts_backbone``,
             ``pts_neck``, ``img_backbone``, ``img_neck``, ``pts_bbox_head``,
             ``train_cfg``, ``test_cfg``, ``init_cfg``, ...).
     """
 
-    def __init__(self, use_grid_mask: bool = False, pts_voxel_layer: Optional[dict] = None, **kwargs) -> None:
+    def __init__(self, use_grid_mask: bool = False, pts_voxel_layer: Optional[dict] = None,
+                 pts_head: Optional[dict] = None, **kwargs) -> None:
+        if pts_head is not None:
+            raise ValueError(f"{type(self).__name__}: pts_head is the design notes' shorthand; the head's key is "
+                             f"pts_bbox_head (model=dict(pts_bbox_head=dict(type='CmtHead', ...)))")
         super().__init__(pts_voxel_layer=None, **kwargs)
         self.use_grid_mask = use_grid_mask
         if use_grid_mask:
