@@ -149,13 +149,19 @@ def test_head_design_note_keys(cmt_test_data, caplog):
             _build(broken)
 
 
-def test_seed_style_aqr_config_builds_like_the_plain_one_and_trains_one_step(cmt_test_data):
-    seed_cfg = cmt_test_data['reduced_config'](SEED_CONFIG)
-    model = _build(seed_cfg)
-    head = model.pts_bbox_head
-    assert head.with_query_routing
-    assert head.transformer.decoder.layers[0].attentions[1].attn.prefer_flashbias
-    assert _shapes(model) == _shapes(_build(cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')))
+@pytest.mark.parametrize('name', ['cmt_aqr_voxel0100_r50_800x320_cbgs', 'cmt_aqr_voxel0075_vov_1600x640_cbgs'])
+def test_seed_style_configs_build_the_plain_aqr_model(name, cmt_test_data):
+    model = _build(cmt_test_data['reduced_config'](f'design_notes/{name}'))
+    layer = model.pts_bbox_head.transformer.decoder.layers[0]
+    assert model.pts_bbox_head.with_query_routing
+    assert layer.attentions[1].attn.prefer_flashbias
+    if 'vov' in name:
+        assert layer.attentions[0].attn.prefer_flashbias and layer.attentions[0].attn.attn_drop == 0.1
+    assert _shapes(model) == _shapes(_build(cmt_test_data['reduced_config'](name)))
+
+
+def test_seed_style_r50_config_trains_one_step(cmt_test_data):
+    model = _build(cmt_test_data['reduced_config'](SEED_CONFIG))
     outputs = cmt_test_data['train_step'](model, cmt_test_data['random_batch']())
     assert torch.isfinite(outputs['loss'])
-    assert head.aqr_weight_generator.weight_head.weight.grad.abs().sum() > 0
+    assert model.pts_bbox_head.aqr_weight_generator.weight_head.weight.grad.abs().sum() > 0
