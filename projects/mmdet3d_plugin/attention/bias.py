@@ -18,6 +18,7 @@ Constructors only store tensors and check their shapes (no data-dependent
 checks, so no device synchronisation).
 """
 import functools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
@@ -272,8 +273,22 @@ class LowRankBias(BiasPart):
                 f'rank={self.rank})')
 
 
+@functools.lru_cache(maxsize=32)
+def _stencil_cells(window_size: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[float, ...]]:
+    """``dy``, ``dx`` and ``decay`` of :func:`window_stencil` as Python numbers (computed once per size)."""
+    radius = window_size // 2
+    cells = [(y, x, 1.0 - math.sqrt(y * y + x * x) / (window_size / 2.0))
+             for y in range(-radius, radius + 1) for x in range(-radius, radius + 1)]
+    dy, dx, decay = zip(*[cell for cell in cells if cell[2] > 0])
+    return dy, dx, decay
+
+
 def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tensor]:
     """The cells of a square window that get a non-zero linear-decay weight.
+
+    The cells are chosen on the host, so building the stencil has no
+    data-dependent shape and no device synchronisation (the same code runs,
+    and traces under ``FakeTensorMode``, on every device).
 
     Args:
         window_size (int): odd side length ``ws``.
@@ -284,18 +299,9 @@ def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tenso
         (float32), each ``[L]``: the cells with ``|dy|, |dx| <= ws // 2`` and
         ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
     """
-    radius = window_size // 2
-    steps = torch.arange(-radius, radius + 1, device=device)
-    dy, dx = torch.meshgrid(steps, steps, indexing='ij')
-    decay = 1.0 - torch.sqrt((dy * dy + dx * dx).float()) / (window_size / 2.0)
-    keep = decay > 0
-    return dy[keep], dx[keep], decay[keep]
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_stencil(window_size: int, device: torch.device) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`window_stencil`, built once per window size and device (read-only)."""
-    return window_stencil(window_size, device)
+    dy, dx, decay = _stencil_cells(window_size)
+    return (torch.tensor(dy, dtype=torch.long, device=device), torch.tensor(dx, dtype=torch.long, device=device),
+            torch.tensor(decay, dtype=torch.float32, device=device))
 
 
 class WindowKeys:
@@ -400,7 +406,7 @@ class WindowBias(BiasPart):
         indices, valids, weights = [], [], []
         for grid, centres, valid, amplitude, window_size in zip(self.grids, self.centres, self.valid,
                                                                  self.amplitude, self.window_size):
-            dy, dx, decay = _cached_stencil(window_size, centres.device)
+            dy, dx, decay = window_stencil(window_size, centres.device)
             radius = window_size // 2
             steps = torch.arange(-radius, radius + 1, device=centres.device)
             plane, y, x = centres.unbind(-1)

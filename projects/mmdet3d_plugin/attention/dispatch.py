@@ -12,8 +12,13 @@ Preference (fastest exact first):
   CPU ``sdpa``;
 * structured bias on CPU: ``segment`` (segment and window biases), then
   ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
-* structured bias on CUDA: with a window bias ``flex`` (compiled), then
-  ``segment``; otherwise ``segment``, ``flashbias``, ``flex``; then ``sdpa``.
+* structured bias on CUDA: ``segment``, ``flashbias``, ``sdpa``.
+
+``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures
+learned bias tensors has unverified gradients (pytorch/pytorch#162228) and
+shapes that were never traced here; it runs only when named explicitly.
+Every backend ``auto`` can pick on CUDA is traced on fake CUDA tensors by
+``tests/attention/test_fake_cuda.py``.
 
 ``math`` (the fp32 reference) ends every list.
 """
@@ -24,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .backends import BACKENDS, AttentionCall
-from .bias import AttentionBias, BiasPart, DenseBias, WindowBias, as_attention_bias
+from .bias import AttentionBias, BiasPart, DenseBias, as_attention_bias
 
 BiasLike = Union[None, Tensor, BiasPart, AttentionBias]
 
@@ -37,9 +42,7 @@ def _auto_order(call: AttentionCall) -> Tuple[str, ...]:
     if call.device_type == 'cuda':
         if not structured:
             return 'flash_attn', 'sdpa', 'math'
-        if call.bias.parts_of_type(WindowBias):
-            return 'flex', 'segment', 'sdpa', 'math'
-        return 'segment', 'flashbias', 'flex', 'sdpa', 'math'
+        return 'segment', 'flashbias', 'sdpa', 'math'
     if not structured:
         return 'sdpa', 'math'
     return 'segment', 'flashbias', 'sdpa', 'math'

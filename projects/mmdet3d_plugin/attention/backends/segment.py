@@ -31,6 +31,7 @@ No tensor of size ``Q * K`` is ever made; the window part costs
 slot products of :mod:`.window_slots` (no gathered copy of the keys).
 """
 import bisect
+import math
 from typing import List, Optional, Tuple
 
 import torch
@@ -46,6 +47,8 @@ from .window_slots import SlotPattern
 #: was computed from are recomputed exactly (per input dtype)
 CANCELLATION_TOLERANCE = {torch.float16: 0.25, torch.bfloat16: 0.25}
 DEFAULT_CANCELLATION_TOLERANCE = 1.0 / 32
+#: off the CPU, the share of a sample's queries recomputed exactly (a fixed amount of work, see _recompute_rows)
+RECOMPUTE_SHARE = 0.25
 
 
 class SegmentPlan:
@@ -227,8 +230,8 @@ class SegmentBackend(AttentionBackend):
         # q, k, v already have the dtype to run in; the function mixes them with float32 statistics itself
         with torch.autocast(call.device_type, enabled=False):
             out, flags = SegmentAttentionFunction.apply(call.q, call.k, call.v, segment_values, window_weight, plan)
-        if plan.has_window and bool(flags.any()):
-            out = _recompute_rows(call, out, flags)
+        if plan.has_window:
+            out = _recompute_rows(call, out, flags.any(1))
         return out
 
     @staticmethod
@@ -241,7 +244,8 @@ class SegmentBackend(AttentionBackend):
         if padding is not None:
             empty = torch.stack([padding[:, start:end].all(-1) for start, end in bounds], -1)
             for i, (start, end) in enumerate(bounds):
-                if bool(padding[:, start:end].any()):
+                # the CPU skips masks of unpadded segments (exact either way); CUDA never asks the device
+                if padding.device.type != 'cpu' or bool(padding[:, start:end].any()):
                     mask = torch.zeros(padding[:, start:end].shape, dtype=call.q.dtype, device=padding.device)
                     key_masks[i] = mask.masked_fill(padding[:, start:end], float('-inf'))[:, None, None]
         window = window_valid = window_segment = window_weight = None
@@ -264,17 +268,46 @@ class SegmentBackend(AttentionBackend):
         return plan, segment_values, window_weight
 
 
+def _recompute_budget(flags: Tensor) -> int:
+    """How many queries per sample :func:`_recompute_rows` recomputes.
+
+    On the CPU exactly the most flagged in a sample (reading the flags is
+    free there); elsewhere a fixed share of the queries, so that the work has
+    a fixed shape and nothing waits for the device.
+    """
+    if flags.device.type == 'cpu':
+        return int(flags.sum(-1).max())
+    return max(1, math.ceil(flags.size(-1) * RECOMPUTE_SHARE))
+
+
 def _recompute_rows(call: AttentionCall, out: Tensor, flags: Tensor) -> Tensor:
-    """Replace the outputs of flagged queries by the reference computed over all keys (differentiable)."""
+    """Replace the outputs of flagged queries by the reference computed over all keys (differentiable).
+
+    Args:
+        call (AttentionCall): the call.
+        out (Tensor): ``[bs, heads, Q, d]`` output of the merge.
+        flags (Tensor): ``[bs, Q]`` bool, the queries to recompute.
+
+    Returns:
+        Tensor: ``out`` with the flagged queries replaced. The same fixed-size
+        work runs on every device: the ``budget`` most flagged queries of each
+        sample are recomputed and written back where flagged. More flagged
+        queries than the budget fail a device-side assertion (no host sync).
+    """
+    budget = min(_recompute_budget(flags), flags.size(-1))
+    if budget == 0:
+        return out
+    torch._assert_async(flags.sum(-1).max() <= budget,
+                        f'segment: more than {budget} queries of a sample need an exact recomputation')
+    picked = flags.float().topk(budget, -1, sorted=False).indices
     heads = torch.arange(out.size(1), device=out.device)
     for batch in range(out.size(0)):
-        queries = flags[batch].any(0).nonzero().squeeze(1)
-        if queries.numel() == 0:
-            continue
+        queries = picked[batch]
         padding = call.key_padding_mask[batch:batch + 1] if call.key_padding_mask is not None else None
         bias = dense_additive_bias(call.bias.select_queries(batch, queries), padding, torch.float32)
         exact = reference_attention(call.q[batch:batch + 1, :, queries], call.k[batch:batch + 1],
                                     call.v[batch:batch + 1], bias, call.scale)[0]
         index = (torch.full_like(queries, batch)[None], heads[:, None], queries[None])
-        out = out.index_put(index, exact.to(out.dtype))
+        exact = torch.where(flags[batch, queries][None, :, None], exact.to(out.dtype), out[index])
+        out = out.index_put(index, exact)
     return out

@@ -1,0 +1,109 @@
+"""The CUDA paths of ``apply_attention``, traced on fake CUDA tensors (no GPU needed).
+
+``FakeTensorMode`` makes ``device='cuda'`` tensors on a CPU-only machine and
+runs the CUDA ops' meta kernels: shapes, dtypes, devices and op signatures are
+checked, and any data-dependent shape or host synchronisation (``nonzero``,
+boolean indexing, ``bool(t.any())``) raises. Autograd cannot run there (it
+needs a CUDA context), so gradients stay verified by the CPU twins in
+``test_backends.py``: the CUDA branch of each backend differs from its CPU
+branch only in the kernel it calls (``fused_lse``: the CUDA flash / efficient
+kernels; ``window_slots.SlotPattern.dot``: a gather instead of
+``sampled_addmm``, compared with it below; ``segment._recompute_rows``: a fixed
+budget instead of the exact count, compared below).
+"""
+import itertools
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBias, WindowBias, apply_attention,
+                                               select_backend)
+from projects.mmdet3d_plugin.attention.backends import UnsupportedAttentionError, segment
+from projects.mmdet3d_plugin.attention.backends.window_slots import SlotPattern
+from projects.mmdet3d_plugin.attention.dispatch import _make_call
+
+# the R50 shape of the default config: 900 queries, a 128 x 128 BEV grid and 6 views of 20 x 50 cells
+BS, HEADS, NUM_QUERIES, HEAD_DIM = 2, 8, 900, 32
+BEV = KeyGrid(0, 1, 128, 128)
+CAMERA = KeyGrid(128 * 128, 6, 20, 50)
+NUM_KEYS = BEV.end + CAMERA.num_cells
+KINDS = ('none', 'global', 'local', 'both')
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: every backend auto may pick on CUDA (flex is never picked, see dispatch.py)
+CUDA_BACKENDS = ('auto', 'segment', 'flashbias', 'sdpa', 'math')
+
+
+def _fake_problem(kind, dtype):
+    """q, k, v and an AQR-like bias on fake CUDA (call inside a FakeTensorMode)."""
+    q, k, v = (torch.randn(BS, HEADS, n, HEAD_DIM, device='cuda', dtype=dtype, requires_grad=True)
+               for n in (NUM_QUERIES, NUM_KEYS, NUM_KEYS))
+    parts = []
+    if kind in ('global', 'both'):
+        values = torch.randn(BS, HEADS, NUM_QUERIES, 2, device='cuda', dtype=dtype, requires_grad=True)
+        parts.append(SegmentBias(values, [BEV.end, CAMERA.num_cells]))
+    if kind in ('local', 'both'):
+        centres = [torch.stack([torch.randint(0, n, (BS, NUM_QUERIES), device='cuda')
+                                for n in (grid.planes, grid.height, grid.width)], -1) for grid in (BEV, CAMERA)]
+        valid = [torch.ones(BS, NUM_QUERIES, dtype=torch.bool, device='cuda') for _ in range(2)]
+        amplitudes = [torch.randn(BS, HEADS, NUM_QUERIES, device='cuda', dtype=dtype, requires_grad=True)
+                      for _ in range(2)]
+        parts.append(WindowBias([BEV, CAMERA], centres, valid, amplitudes, [7, 5]))
+    return q, k, v, (AttentionBias(parts, NUM_KEYS) if parts else None)
+
+
+def test_every_cuda_backend_traces_on_fake_cuda_or_refuses():
+    """Each call returns a CUDA output of q's shape and dtype or raises UnsupportedAttentionError."""
+    outcomes = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for backend, kind, dtype in itertools.product(CUDA_BACKENDS, KINDS, DTYPES):
+            q, k, v, bias = _fake_problem(kind, dtype)
+            try:
+                out = apply_attention(q, k, v, bias, backend=backend)
+            except UnsupportedAttentionError:
+                outcomes[backend, kind, dtype] = 'unsupported'
+                continue
+            assert (out.device.type, out.dtype, tuple(out.shape)) == ('cuda', dtype, tuple(q.shape)), \
+                (backend, kind, dtype)
+            outcomes[backend, kind, dtype] = 'ok'
+    # auto, segment (fp32 included), sdpa and math run every case; flashbias refuses only the window bias
+    refused = sorted((b, kind, str(d)) for (b, kind, d), r in outcomes.items() if r == 'unsupported')
+    assert refused == sorted(('flashbias', kind, str(d)) for kind in ('local', 'both') for d in DTYPES)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_select_backend_on_cuda_is_the_documented_choice(dtype):
+    expected = {'none': 'flash_attn', 'global': 'segment', 'local': 'segment', 'both': 'segment'}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for kind in KINDS:
+            q, k, v, bias = _fake_problem(kind, dtype)
+            name, _ = select_backend(q, bias, k=k, v=v)
+            if kind == 'none' and name == 'sdpa':  # flash_attn is only chosen where the package is installed
+                name = 'flash_attn'
+            assert name == expected[kind], (kind, dtype, name)
+
+
+def test_gathered_slot_dot_equals_the_sampled_cpu_product(cases):
+    """The CUDA ``SlotPattern.dot`` (gathered keys) equals the CPU one (``sampled_addmm``)."""
+    bias, _ = cases.make_bias('window', bs=2, heads=3, num_queries=6)
+    keys = bias.parts[0].window_keys()
+    pattern = SlotPattern(keys.index, bias.num_keys, 3)
+    q, k, _ = cases.make_qkv(requires_grad=False)
+    torch.testing.assert_close(pattern.gathered_dot(q * 0.5, k), pattern.dot(q, k, 0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_fixed_recompute_budget_gives_the_exact_rows(cases, monkeypatch):
+    """The CUDA recomputation (a fixed number of rows per sample) equals the CPU one (exactly the flagged rows)."""
+    q, k, v = cases.make_qkv(num_queries=8, requires_grad=False)
+    bias, _ = cases.make_bias('segment+window', bs=2, heads=3, num_queries=8, requires_grad=False)
+    flags = torch.zeros(2, 8, dtype=torch.bool)
+    flags[0, [1, 5]] = True
+    flags[1, 2] = True
+    call = _make_call(q, k, v, bias, None, 0.0, None)
+    out = torch.zeros(2, 3, 8, 8)
+    exact = segment._recompute_rows(call, out, flags)
+    reference = apply_attention(q, k, v, bias, backend='math')
+    expected = torch.where(flags[:, None, :, None], reference, out)
+    torch.testing.assert_close(exact, expected)
+    monkeypatch.setattr(segment, '_recompute_budget', lambda flags: 4)
+    torch.testing.assert_close(segment._recompute_rows(call, out, flags), expected)
