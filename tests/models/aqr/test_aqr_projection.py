@@ -1,4 +1,5 @@
 """Query projection against hand-computed cases (see conftest.py for the camera rigs)."""
+import numpy as np
 import pytest
 import torch
 
@@ -44,23 +45,38 @@ def test_point_outside_image_is_invisible(rig):
 def test_view_is_the_first_that_sees_the_point(rig):
     # views [back, front]
     metas = [rig['meta']([rig['back'](), rig['front']()])]
-    # (4, 2, 1): behind the back camera; front: u = 24 - 16/4 = 20, v = 16 - 8/4 = 14 -> (1, 2).
-    # (-4, 2, 0): back camera: d = 4, u = (96 + 16)/4 = 28, v = 64/4 = 16 -> (2, 3).
+    # (4, 2, 1): behind the back camera; front: u = 24 - 16/4 = 20, v = 16 - 8/4 = 14 -> nearest rays (2, 3)
+    # (v / 8 = 1.75, u / 8 = 2.5 rounds up). (-4, 2, 0): back camera: d = 4, u = (96 + 16)/4 = 28,
+    # v = 64/4 = 16 -> (2, 4) (u / 8 = 3.5).
     info = _project(rig, metas, [[4.0, 2.0, 1.0], [-4.0, 2.0, 0.0]])
     assert info['visible'].tolist() == [[True, True]]
-    assert info['pts_pers_idx'].tolist() == [[[1, 1, 2], [0, 2, 3]]]
+    assert info['pts_pers_idx'].tolist() == [[[1, 2, 3], [0, 2, 4]]]
     # two views that both see the point: the first one wins
     both = _project(rig, [rig['meta']([rig['front'](), rig['front']()])], [[4.0, 0.0, 0.0]])
     assert both['pts_pers_idx'].tolist() == [[[0, 2, 3]]]
 
 
+def test_camera_cell_is_the_one_whose_ray_is_nearest_the_pixel(rig):
+    """The position embedding puts cell j's ray through pixel j * stride; every pixel column gets the nearest one."""
+    stride = 8.0  # 48 pixels, 6 feature columns
+    columns = np.arange(0.5, 48.0, 1.0)
+    # front camera at depth x = 3 (|y| <= 9 stays in the point cloud range): u = 24 - 8 y / 3, v = 16
+    points = [[3.0, (24.0 - u) * 3.0 / 8.0, 0.0] for u in columns]
+    info = _project(rig, [rig['meta']([rig['front']()])], points)
+    centres = np.arange(6) * stride
+    nearest = np.abs(columns[:, None] - centres[None]).argmin(1)
+    assert info['visible'].all()
+    assert info['pts_pers_idx'][0, :, 2].tolist() == nearest.tolist()
+    assert info['pts_pers_idx'][0, :, 1].tolist() == [2] * len(columns)
+
+
 def test_padding_is_not_image_and_stride_comes_from_pad_shape(rig):
     # image 24x48 padded to 32x48, features 4x6 -> stride 8.
     metas = [rig['meta']([rig['front']()], img_shape=(24, 48, 3), pad_shape=(32, 48, 3))]
-    # (2, 0, -1): v = 16 + 4 = 20 -> visible, h = 2. (2, 0, -3): v = 28 -> in the padding only.
+    # (2, 0, -1): v = 16 + 4 = 20 -> visible, h = round(2.5) = 3. (2, 0, -3): v = 28 -> in the padding only.
     info = _project(rig, metas, [[2.0, 0.0, -1.0], [2.0, 0.0, -3.0]])
     assert info['visible'].tolist() == [[True, False]]
-    assert info['pts_pers_idx'][0, 0].tolist() == [0, 2, 3]
+    assert info['pts_pers_idx'][0, 0].tolist() == [0, 3, 3]
 
 
 def test_feature_cell_uses_actual_feature_shape(rig):
@@ -72,7 +88,7 @@ def test_feature_cell_uses_actual_feature_shape(rig):
 def test_single_image_shape_for_all_views_is_accepted(rig):
     meta = dict(lidar2img=[rig['front'](), rig['back']()], img_shape=(32, 48, 3), pad_shape=(32, 48, 3))
     info = _project(rig, [meta], [[-4.0, 2.0, 0.0]])
-    assert info['pts_pers_idx'].tolist() == [[[1, 2, 3]]]
+    assert info['pts_pers_idx'].tolist() == [[[1, 2, 4]]]
 
 
 def test_batch_uses_each_samples_own_matrices(rig):

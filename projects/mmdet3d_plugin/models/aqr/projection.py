@@ -18,9 +18,12 @@ Camera projection uses ``img_meta['lidar2img']`` (N 4x4 matrices mapping
 homogeneous LiDAR points to ``(u * d, v * d, d, 1)`` in the *input image*
 after the pipeline's resize/crop). A point is visible in a view when its depth
 is positive and ``0 <= u < img_w``, ``0 <= v < img_h`` with ``img_shape`` the
-un-padded input image size. The feature cell is ``(floor(v / stride_h),
-floor(u / stride_w))`` with ``stride = pad_shape / feature shape``, the same
-pixel <-> cell relation upstream's camera position embedding (``_rv_pe``) uses.
+un-padded input image size. The camera position embedding
+(:func:`~..utils.positional_encoding.image_frustum_points`, like upstream's ``_rv_pe``) passes the
+ray of feature cell ``(i, j)`` through pixel ``(j * stride_w, i * stride_h)``
+with ``stride = pad_shape / feature shape``, so the cell whose ray is nearest
+the projected pixel is ``(floor(v / stride_h + 1/2), floor(u / stride_w + 1/2))``
+(halves round up), clamped to the feature map.
 The first such view (lowest index) is chosen. Queries visible in no view get
 ``visible = False`` and the camera cell ``(-1, -1, -1)``; they are never mapped
 to a real cell.
@@ -156,8 +159,9 @@ def camera_cells(points: Tensor,
     u_sel = u.gather(1, gather).squeeze(1)
     v_sel = v.gather(1, gather).squeeze(1)
     pad_sel = pad_hw.gather(1, view[..., None].expand(-1, -1, 2))  # [bs, Q, 2]
-    cell_h = (v_sel * feat_h / pad_sel[..., 0]).floor().long().clamp(0, feat_h - 1)
-    cell_w = (u_sel * feat_w / pad_sel[..., 1]).floor().long().clamp(0, feat_w - 1)
+    # nearest ray: cell j's ray passes through pixel j * stride
+    cell_h = (v_sel * feat_h / pad_sel[..., 0] + 0.5).floor().long().clamp(0, feat_h - 1)
+    cell_w = (u_sel * feat_w / pad_sel[..., 1] + 0.5).floor().long().clamp(0, feat_w - 1)
     pers = torch.stack([view, cell_h, cell_w], dim=-1)
     pers = torch.where(visible[..., None], pers, torch.full_like(pers, INVISIBLE_CELL))
     return pers, visible
