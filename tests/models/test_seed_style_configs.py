@@ -142,6 +142,8 @@ def test_head_design_note_keys(cmt_test_data, caplog):
             (dict(renderer_config=dict(type='WeightRenderer')), 'renderer_config .* use weight_renderer_config'),
             (dict(modulator_config=dict(type='FeatureModulator')),
              'modulator_config .* use feature_modulator_config'),
+            (dict(aqr_bias_strength=5.0), r'aqr_bias_strength .* use attention_bias_config=.*bias_scale'),
+            (dict(aqr_use_local_bias=False), r'aqr_use_local_bias .* use attention_bias_config=.*use_local_bias'),
     ):
         broken = copy.deepcopy(plain_cfg)
         broken.model.pts_bbox_head.update(options)

@@ -108,6 +108,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             ``weight_renderer_config``; raises a ``ValueError`` naming it.
         modulator_config (dict, optional): the design notes' name of
             ``feature_modulator_config``; raises a ``ValueError`` naming it.
+        aqr_bias_strength (float, optional): the design notes' form of
+            ``attention_bias_config``'s ``bias_scale``; raises a ``ValueError``
+            naming it.
+        aqr_use_local_bias (bool, optional): the design notes' form of
+            ``attention_bias_config``'s ``use_local_bias``; raises likewise.
         init_cfg (dict, optional): must be None.
     """
 
@@ -145,8 +150,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  enable_aqr: Optional[bool] = None,
                  renderer_config: Optional[dict] = None,
                  modulator_config: Optional[dict] = None,
+                 aqr_bias_strength: Optional[float] = None,
+                 aqr_use_local_bias: Optional[bool] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        reject_renamed_keys(type(self).__name__, renderer_config=renderer_config, modulator_config=modulator_config)
+        reject_renamed_keys(type(self).__name__, renderer_config=renderer_config, modulator_config=modulator_config,
+                            aqr_bias_strength=aqr_bias_strength, aqr_use_local_bias=aqr_use_local_bias)
         if init_cfg is not None:
             raise ValueError(f'{type(self).__name__} initialises itself; init_cfg must be None, got {init_cfg}')
         if not norm_bbox:
