@@ -120,9 +120,10 @@ def test_segment_recomputes_rows_where_the_window_correction_cancels(cases, monk
     bias = AttentionBias(window, cases.NUM_KEYS)
     calls = []
     recompute = segment_module._recompute_rows
-    monkeypatch.setattr(segment_module, '_recompute_rows', lambda *a: calls.append(1) or recompute(*a))
+    monkeypatch.setattr(segment_module, '_recompute_rows',
+                        lambda call, out, flags: calls.append(flags[0, 0].item()) or recompute(call, out, flags))
     assert_matches_math(cases, 'segment', q, k, v, bias, amplitudes, FP32_TOLERANCE)
-    assert calls, 'the ill-conditioned row was not recomputed'
+    assert calls == [True], 'the ill-conditioned row was not recomputed'
     monkeypatch.setattr(segment_module, 'DEFAULT_CANCELLATION_TOLERANCE', 0.0)
     unguarded = apply_attention(q, k, v, bias, backend='segment')
     reference = apply_attention(q, k, v, bias, backend='math')

@@ -48,7 +48,7 @@ from .window_slots import SlotPattern
 CANCELLATION_TOLERANCE = {torch.float16: 0.25, torch.bfloat16: 0.25}
 DEFAULT_CANCELLATION_TOLERANCE = 1.0 / 32
 #: off the CPU, the share of a sample's queries recomputed exactly (a fixed amount of work, see _recompute_rows)
-RECOMPUTE_SHARE = 0.25
+RECOMPUTE_SHARE = 1.0 / 16
 
 
 class SegmentPlan:
