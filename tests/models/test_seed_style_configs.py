@@ -115,7 +115,9 @@ def test_use_flashbias_prefers_flashbias_and_falls_back_with_a_log(monkeypatch, 
     assert "backend 'sdpa'" in caplog.text and 'skipped flashbias (flashbias applies only low-rank' in caplog.text
 
 
-def test_use_flashbias_with_another_backend_raises():
+def test_use_flashbias_with_another_backend_or_module_raises():
+    with pytest.raises(ValueError, match='use_flashbias is an option of PETRMultiheadFlashAttention'):
+        ATTENTION.build(dict(type='PETRMultiheadAttention', embed_dims=16, num_heads=2, use_flashbias=True))
     with pytest.raises(ValueError, match="prefer='flashbias' needs backend='auto'"):
         dispatch.apply_attention(*torch.randn(3, 1, 1, 2, 4), backend='math', prefer='flashbias')
     with pytest.raises(ValueError, match="needs backend='auto', got backend='sdpa'"):

@@ -29,8 +29,17 @@ class PETRMultiheadAttention(MultiheadAttention):
 
     Upstream's class is a copy of mmcv's; configs and checkpoints that name
     ``PETRMultiheadAttention`` get the same module (keys ``attn.in_proj_weight``,
-    ``attn.in_proj_bias``, ``attn.out_proj.*``).
+    ``attn.in_proj_bias``, ``attn.out_proj.*``). mmcv's class silently ignores
+    unknown keyword arguments; this one raises for them (e.g. the design notes'
+    ``use_flashbias``, an option of :class:`PETRMultiheadFlashAttention`).
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        unknown = sorted(set(kwargs) - {'dropout'})
+        if unknown:
+            hint = '; use_flashbias is an option of PETRMultiheadFlashAttention' if 'use_flashbias' in unknown else ''
+            raise ValueError(f'{type(self).__name__}: unsupported argument(s) {unknown}{hint}')
+        super().__init__(*args, **kwargs)
 
 
 def attn_mask_to_bias(attn_mask, batch_size: int, num_heads: int, num_queries: int, num_keys: int):
