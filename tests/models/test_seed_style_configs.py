@@ -61,6 +61,8 @@ def test_encoder_config_given_as_the_layer_itself():
     (lambda c: c['transformerlayers']['attn_cfgs'][0].update(type='MultiScaleDeformableAttention'),
      r'encoder_config\.transformerlayers\.attn_cfgs\[0\]\.type=.*PETRMultiheadFlashAttention'),
     (lambda c: c.update(num_layers=2), r'encoder_config\.num_layers=2'),
+    (lambda c: c['transformerlayers']['attn_cfgs'][0].update(type='MultiheadAttention'),
+     r"attn_cfgs\[0\]\.use_flashbias is an option of type='PETRMultiheadFlashAttention'"),
     (lambda c: c['transformerlayers'].update(operation_order=('self_attn', 'norm', 'ffn', 'norm')),
      r'encoder_config\.transformerlayers\.operation_order'),
     (lambda c: c['transformerlayers'].update(ffn_dropout=0.0), 'one dropout rate'),

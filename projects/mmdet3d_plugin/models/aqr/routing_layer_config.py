@@ -60,6 +60,9 @@ def _attention_args(attn: dict, where: str, dropouts: List[float]) -> Dict[str, 
     _check_value(attn, 'backend', ('auto', ), where)
     if 'num_heads' not in attn:
         raise ValueError(f'{where}.num_heads is required')
+    if 'use_flashbias' in attn and attn.get('type') != 'PETRMultiheadFlashAttention':
+        raise ValueError(f"{where}.use_flashbias is an option of type='PETRMultiheadFlashAttention', not "
+                         f"{attn.get('type')!r}")
     dropouts.extend(attn[key] for key in ('dropout', 'attn_drop', 'proj_drop') if key in attn)
     args = dict(num_heads=attn['num_heads'], use_flashbias=bool(attn.get('use_flashbias', False)))
     if 'embed_dims' in attn:
