@@ -15,10 +15,12 @@ encoder config::
 The routing layer is exactly that: one post-norm layer (attention -> norm ->
 FFN -> norm) whose attention is standard multi-head dot-product attention, run
 over each query's gathered window tokens. :func:`routing_layer_args` turns
-such a config into the generator's arguments and rejects, naming the key,
+such a config into the generator's arguments (:func:`resolve_layer_sizes`
+merges them with the arguments given directly) and rejects, naming the key,
 everything the layer cannot honour (another attention type, more layers,
 another operation order, activation or norm), so no key is silently ignored.
 """
+import logging
 from typing import Any, Dict, List, Optional
 
 ATTENTION_TYPES = ('PETRMultiheadFlashAttention', 'PETRMultiheadAttention', 'MultiheadAttention')
@@ -26,6 +28,8 @@ ENCODER_TYPES = ('DetrTransformerEncoder', 'TransformerLayerSequence')
 LAYER_TYPES = ('BaseTransformerLayer', )
 OPERATION_ORDER = ('cross_attn', 'norm', 'ffn', 'norm')
 PREFIX = 'encoder_config'
+LAYER_DEFAULTS = dict(embed_dims=256, num_heads=8, feedforward_channels=1024, dropout=0.1)
+logger = logging.getLogger('mmdet')
 
 
 def _check_keys(cfg: dict, allowed: tuple, where: str) -> None:
@@ -156,3 +160,33 @@ def routing_layer_args(encoder_config: dict) -> Dict[str, Any]:
     if dropouts:
         args['dropout'] = dropouts[0]
     return args
+
+
+def resolve_layer_sizes(given: Dict[str, Any], encoder_config: Optional[dict]) -> Dict[str, Any]:
+    """The routing layer's ``embed_dims``, ``num_heads``, ``feedforward_channels`` and ``dropout``.
+
+    Args:
+        given (dict): those arguments as passed (None = not given).
+        encoder_config (dict, optional): the mmcv layer config they may come
+            from instead (see :func:`routing_layer_args`).
+
+    Returns:
+        dict: the four values: given, else from ``encoder_config``, else
+        :data:`LAYER_DEFAULTS`.
+
+    Raises:
+        ValueError: a value is given both ways and they differ.
+    """
+    from_config = routing_layer_args(encoder_config) if encoder_config is not None else {}
+    sizes = {}
+    for name, default in LAYER_DEFAULTS.items():
+        value, configured = given.get(name), from_config.get(name)
+        if value is not None and configured is not None and value != configured:
+            raise ValueError(f'AQRWeightGenerator: {name}={value} but encoder_config sets {name}={configured}; '
+                             f'give it once (CmtHead passes embed_dims=hidden_dim)')
+        sizes[name] = next((v for v in (value, configured) if v is not None), default)
+    if from_config.get('use_flashbias'):
+        logger.info('AQRWeightGenerator: encoder_config asks use_flashbias=True; flashbias does not apply to the '
+                    'routing layer, whose local attention mask is applied exactly by gathering each query\'s window '
+                    'tokens (no bias to fold into the keys), so the gathered window attention runs')
+    return sizes

@@ -1,6 +1,5 @@
 """AQR weight generator: per-query LiDAR / camera trust from a local-window transformer layer."""
-import logging
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn.bricks.transformer import FFN
@@ -11,41 +10,9 @@ from torch import Tensor, nn
 from .aux_loss import modality_drop_flags, routing_loss
 from .local_window import LocalWindowAttention, check_window_size, window_token_index
 from .projection import project_reference_points
-from .routing_layer_config import routing_layer_args
+from .routing_layer_config import resolve_layer_sizes
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
-LAYER_DEFAULTS = dict(embed_dims=256, num_heads=8, feedforward_channels=1024, dropout=0.1)
-logger = logging.getLogger('mmdet')
-
-
-def resolve_layer_sizes(given: Dict[str, Any], encoder_config: Optional[dict]) -> Dict[str, Any]:
-    """The routing layer's ``embed_dims``, ``num_heads``, ``feedforward_channels`` and ``dropout``.
-
-    Args:
-        given (dict): those arguments as passed (None = not given).
-        encoder_config (dict, optional): the mmcv layer config they may come
-            from instead (see :func:`routing_layer_args`).
-
-    Returns:
-        dict: the four values: given, else from ``encoder_config``, else
-        :data:`LAYER_DEFAULTS`.
-
-    Raises:
-        ValueError: a value is given both ways and they differ.
-    """
-    from_config = routing_layer_args(encoder_config) if encoder_config is not None else {}
-    sizes = {}
-    for name, default in LAYER_DEFAULTS.items():
-        value, configured = given.get(name), from_config.get(name)
-        if value is not None and configured is not None and value != configured:
-            raise ValueError(f'AQRWeightGenerator: {name}={value} but encoder_config sets {name}={configured}; '
-                             f'give it once (CmtHead passes embed_dims=hidden_dim)')
-        sizes[name] = next((v for v in (value, configured) if v is not None), default)
-    if from_config.get('use_flashbias'):
-        logger.info('AQRWeightGenerator: encoder_config asks use_flashbias=True; flashbias does not apply to the '
-                    'routing layer, whose local attention mask is applied exactly by gathering each query\'s window '
-                    'tokens (no bias to fold into the keys), so the gathered window attention runs')
-    return sizes
 
 
 def flatten_memory(bev_feat: Tensor, img_feat: Tensor) -> Tuple[Tensor, Tuple[int, int], Tuple[int, int, int]]:
