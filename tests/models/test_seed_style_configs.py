@@ -1,4 +1,4 @@
-"""Configs in the design notes' vocabulary (shared/seeds 000 and 002) build with their meaning or fail naming the key."""
+"""Configs in the design notes' vocabulary (shared/seeds 000-002) build with their meaning or fail naming the key."""
 import copy
 import logging
 
