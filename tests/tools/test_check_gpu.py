@@ -1,0 +1,21 @@
+"""tools/check_gpu.py in its CPU mode (tiny shapes): passes, and names the failing case when a check fails."""
+from tools import check_gpu
+
+QUICK = ['--device', 'cpu', '--steps', '3', '--repeats', '1']
+
+
+def test_cpu_self_check_passes(capsys):
+    assert check_gpu.main(QUICK) == 0
+    out = capsys.readouterr().out
+    assert 'check_gpu passed' in out
+    assert '| quick | float32 | both | auto | ok |' in out
+    assert 'training-like loop: 3 steps' in out and '0 compiled graphs, 0 eager-flex warnings' in out
+    assert 'x bias-free SDPA' in out
+
+
+def test_cpu_self_check_fails_and_names_the_case(capsys, monkeypatch):
+    monkeypatch.setitem(check_gpu.TOLERANCES, 'float32', (0.0, 0.0))
+    assert check_gpu.main(QUICK + ['--dtypes', 'float32', '--skip-benchmark']) == 1
+    out = capsys.readouterr().out
+    assert 'check_gpu FAILED' in out
+    assert 'accuracy quick float32 global segment: FAILED: out' in out

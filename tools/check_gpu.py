@@ -1,0 +1,215 @@
+"""GPU self-check: the first command to run on a new GPU machine (see docs/gpu.md).
+
+Examples::
+
+    python tools/check_gpu.py                  # on the GPU: R50 and VoV shapes, every dtype
+    python tools/check_gpu.py --device cpu     # tiny shapes on the CPU (seconds; run by the test suite)
+
+Three checks, each printed as it runs; the exit status is non-zero when any
+fails, and the summary names every failing case:
+
+1. **Accuracy.** Every backend that ``apply_attention(backend='auto')`` can
+   pick on the device, for no bias, the AQR global bias (``SegmentBias``), the
+   local bias (``WindowBias``) and both, against ``math`` run in float64 on the
+   same inputs: the output and the gradients of q, k, v, the window
+   amplitudes and the segment values, in float32, float16 and bfloat16, with
+   the specification's tolerances (:data:`TOLERANCES`). A backend that
+   refuses a case (``UnsupportedAttentionError``) is reported, not failed;
+   ``auto`` itself must run every case.
+2. **Speed and memory.** ``tools/benchmark_attention.py`` on the same shapes,
+   forward + backward: median time and peak memory of each backend as a ratio
+   to bias-free SDPA (on CUDA the peak is ``torch.cuda.max_memory_allocated``).
+3. **Training-like loop.** ``--steps`` forward + backward steps of ``auto``
+   attention with both biases while the query count changes every step (as
+   with DN queries), asserting that nothing is compiled (``auto`` never runs a
+   compiled path) and that torch never warns about running flex_attention
+   eagerly.
+"""
+import argparse
+import os.path as osp
+import sys
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from projects.mmdet3d_plugin.attention import (AttentionBias, UnsupportedAttentionError,  # noqa: E402
+                                               apply_attention)
+from tools import benchmark_attention as bench  # noqa: E402
+
+#: (forward, gradients) relative tolerances against float64 ``math`` (SPEC: 1e-5 in fp32; low precision as the
+#: CPU tests, where PyTorch's own SDPA differs from the reference by about the dtype's unit roundoff)
+TOLERANCES = {'float32': (1e-5, 1e-5), 'float16': (2e-3, 2e-3), 'bfloat16': (1e-2, 3e-2)}
+#: backends ``auto`` can pick, per device type (dispatch.py; flash_attn only without a bias)
+AUTO_CANDIDATES = {'cuda': ('auto', 'segment', 'flashbias', 'sdpa'), 'cpu': ('auto', 'segment', 'flashbias', 'sdpa')}
+BIAS_KINDS = ('none', 'global', 'local', 'both')
+EAGER_FLEX_WARNING = 'flex_attention called without torch.compile'
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Check the attention backends and the training path on this GPU.')
+    parser.add_argument('--device', default='cuda', help="'cuda' (default) or 'cpu' (tiny shapes)")
+    parser.add_argument('--layouts', nargs='+', choices=sorted(bench.KEY_LAYOUTS), default=None,
+                        help='key layouts (default: r50 vov on CUDA, quick on CPU)')
+    parser.add_argument('--queries', type=int, default=None, help='queries (default 900 on CUDA, 12 on CPU)')
+    parser.add_argument('--dtypes', nargs='+', choices=sorted(TOLERANCES), default=sorted(TOLERANCES))
+    parser.add_argument('--steps', type=int, default=20, help='steps of the training-like loop')
+    parser.add_argument('--repeats', type=int, default=5, help='timed runs per backend')
+    parser.add_argument('--skip-benchmark', action='store_true')
+    args = parser.parse_args(argv)
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error('no CUDA device is visible to torch; run with --device cpu for the CPU self-test')
+    tiny = args.device == 'cpu'
+    args.layouts = args.layouts or (['quick'] if tiny else ['r50', 'vov'])
+    args.queries = args.queries or (12 if tiny else 900)
+    return args
+
+
+def _case(layout: str, num_queries: int, bias: str, dtype: str, device: str, backend: str) -> dict:
+    return dict(layout=layout, queries=num_queries, batch=2, heads=8 if layout != 'quick' else 2,
+                head_dim=32 if layout != 'quick' else 8, bias=bias, window_size=15 if layout != 'quick' else 5,
+                seed=0, device=device, dtype=dtype, backend=backend, **{'pass': 'fwdbwd'})
+
+
+def _inputs(case: dict) -> Tuple[List[torch.Tensor], Optional[AttentionBias], torch.Tensor]:
+    """q, k, v, the bias (global, local, both or none) and grad_out of a case; all leaves require grad."""
+    if case['bias'] == 'none':
+        inputs = bench.build_inputs(dict(case, bias='global'))
+        return inputs['leaves'][:3], None, inputs['grad_out']
+    kinds = ('global', 'local') if case['bias'] == 'both' else (case['bias'], )
+    parts = []
+    inputs = None
+    for kind in kinds:
+        inputs = bench.build_inputs(dict(case, bias=kind)) if inputs is None else inputs
+        generator = torch.Generator().manual_seed(case['seed'])
+        factors = bench.build_bias_factors(dict(case, bias=kind), generator)
+        parts += bench.make_bias(dict(case, bias=kind), factors, case['device'], True).parts
+    bias = AttentionBias(parts, inputs['k'].size(2))
+    return inputs['leaves'][:3], bias, inputs['grad_out']
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+
+
+def check_accuracy_case(case: dict) -> Tuple[str, float]:
+    """One backend on one case against float64 math: ('ok' | 'refused: ...' | 'FAILED: ...', worst error)."""
+    qkv, bias, grad_out = _inputs(case)
+    bias_leaves = [t for part in bias.parts for t in part.tensors() if t.requires_grad] if bias is not None else []
+    leaves = qkv + bias_leaves
+    try:
+        out = apply_attention(*qkv, bias, backend=case['backend'])
+    except UnsupportedAttentionError as error:
+        if case['backend'] == 'auto':
+            return f'FAILED: auto refused ({error})', float('nan')
+        return 'refused: ' + '; '.join(error.reasons), float('nan')
+    grads = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref_bias = bias.to(dtype=torch.float64) if bias is not None else None
+    if ref_bias is not None:  # rebuild on the float64 leaves so that their gradients come back
+        ref_bias = _rebind(bias, ref_leaves[3:])
+    ref = apply_attention(*ref_leaves[:3], ref_bias, backend='math')
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad_out.double(), allow_unused=True)
+    forward_tol, grad_tol = TOLERANCES[case['dtype']]
+    errors = {'out': _relative_error(out, ref)}
+    names = ['dq', 'dk', 'dv'] + [f'd{type(p).__name__}[{i}]' for i, p in enumerate(bias_leaves)]
+    for name, grad, ref_grad in zip(names, grads, ref_grads):
+        errors[name] = _relative_error(grad, ref_grad) if grad is not None else float('inf')
+    bad = [f'{name} {err:.1e}' for name, err in errors.items()
+           if not err <= (forward_tol if name == 'out' else grad_tol)]
+    worst = max(errors.values())
+    return ('FAILED: ' + ', '.join(bad), worst) if bad else ('ok', worst)
+
+
+def _rebind(bias: AttentionBias, leaves: List[torch.Tensor]) -> AttentionBias:
+    """The same bias with its differentiable tensors replaced by ``leaves`` (in :meth:`tensors` order)."""
+    parts, it = [], iter(leaves)
+    for part in bias.parts:
+        part = part.to(dtype=torch.float64)
+        for name in ('values', 'amplitude'):
+            value = getattr(part, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(part, name, next(it))
+            elif isinstance(value, tuple):
+                setattr(part, name, tuple(next(it) for _ in value))
+        parts.append(part)
+    return AttentionBias(parts, bias.num_keys)
+
+
+def check_accuracy(args: argparse.Namespace) -> List[str]:
+    failures = []
+    print('| layout | dtype | bias | backend | result | worst relative error |\n|---|---|---|---|---|---|')
+    for layout in args.layouts:
+        for dtype in args.dtypes:
+            for kind in BIAS_KINDS:
+                for backend in AUTO_CANDIDATES[torch.device(args.device).type]:
+                    case = _case(layout, args.queries, kind, dtype, args.device, backend)
+                    try:
+                        result, worst = check_accuracy_case(case)
+                    except Exception as error:  # a crash is a failure of this case; go on with the others
+                        result, worst = f'FAILED: {type(error).__name__}: {error}', float('nan')
+                    print(f'| {layout} | {dtype} | {kind} | {backend} | {result} | {worst:.1e} |', flush=True)
+                    if result.startswith('FAILED'):
+                        failures.append(f'accuracy {layout} {dtype} {kind} {backend}: {result}')
+    return failures
+
+
+def check_training_loop(args: argparse.Namespace) -> List[str]:
+    """``--steps`` fwd+bwd steps with a changing query count: no compile, no eager-flex warning."""
+    from torch._dynamo.utils import counters
+    counters.clear()
+    failures = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for step in range(args.steps):
+            num_queries = args.queries + 7 * step  # DN adds a different number of denoising queries each batch
+            case = _case(args.layouts[0], num_queries, 'both', 'float32', args.device, 'auto')
+            qkv, bias, grad_out = _inputs(case)
+            out = apply_attention(*qkv, bias)
+            torch.autograd.grad(out, qkv, grad_out)
+    graphs = counters['stats']['unique_graphs']
+    eager_flex = [str(w.message) for w in caught if EAGER_FLEX_WARNING in str(w.message)
+                  or 'materializes' in str(w.message)]
+    print(f'training-like loop: {args.steps} steps, query counts {args.queries}..{args.queries + 7 * (args.steps - 1)}'
+          f', {graphs} compiled graphs, {len(eager_flex)} eager-flex warnings')
+    if graphs:
+        failures.append(f'training loop: {graphs} graphs compiled (auto must not run a compiled path)')
+    if eager_flex:
+        failures.append(f'training loop: eager flex_attention ran: {eager_flex[0]}')
+    return failures
+
+
+def run_benchmark(args: argparse.Namespace) -> Dict:
+    argv = ['--device', args.device, '--layouts', *args.layouts, '--queries', str(args.queries), '--batch-sizes',
+            '1', '--passes', 'fwdbwd', '--no-construction', '--repeats', str(args.repeats), '--dtype',
+            'float16' if args.device == 'cuda' else 'float32', '--memory', 'cuda' if args.device == 'cuda' else 'none']
+    if args.layouts == ['quick']:
+        argv += ['--heads', '2', '--head-dim', '8', '--window-size', '5']
+    return bench.main(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    device_name = torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'
+    print(f'# check_gpu: torch {torch.__version__}, device {device_name}, layouts {args.layouts}, '
+          f'Q {args.queries}')
+    failures = check_accuracy(args)
+    failures += check_training_loop(args)
+    if not args.skip_benchmark:
+        run_benchmark(args)
+    if failures:
+        print(f'\ncheck_gpu FAILED ({len(failures)} cases):')
+        for failure in failures:
+            print('  ' + failure)
+        return 1
+    print('\ncheck_gpu passed')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
