@@ -142,8 +142,9 @@ def build_dn_queries(gt_bboxes: Sequence[Tensor],
     device = boxes.device
     batch_size = len(counts)
 
+    # counts are host numbers: output_size keeps the device from being asked for the length
     sample_of_box = torch.repeat_interleave(torch.arange(batch_size, device=device),
-                                            torch.tensor(counts, device=device))
+                                            torch.tensor(counts, device=device), output_size=sum(counts))
     slot_in_group = torch.cat([torch.arange(n, device=device) for n in counts])
     group_offsets = (torch.arange(groups, device=device) * group_size)[:, None]
     query_index = (slot_in_group[None, :] + group_offsets).reshape(-1)
@@ -156,7 +157,7 @@ def build_dn_queries(gt_bboxes: Sequence[Tensor],
     if noise_scale > 0:
         unit_noise = torch.rand_like(centers) * 2 - 1
         centers = centers + unit_noise * (dn_boxes[:, 3:6] / 2 + noise_trans) * noise_scale
-        dn_labels[unit_noise.norm(dim=1) > split] = num_classes
+        dn_labels = torch.where(unit_noise.norm(dim=1) > split, num_classes, dn_labels)
     centers = normalize_points(centers, pc_range).clamp(0.0, 1.0)
 
     pad_size = groups * group_size

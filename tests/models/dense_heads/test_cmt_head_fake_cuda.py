@@ -1,0 +1,44 @@
+"""The whole CmtHead with AQR runs forward on fake CUDA tensors (no GPU needed).
+
+``FakeTensorMode`` traces every op with the CUDA kernels' meta functions:
+shapes, dtypes, devices and op signatures are checked, and a data-dependent
+shape or host synchronisation anywhere in the head (AQR routing, bias
+construction, the attention backends auto picks on CUDA) raises. Gradients
+cannot run there; they are verified by the CPU tests of the same code.
+"""
+import pytest
+import torch
+from mmdet3d.models import build_model
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import projects.mmdet3d_plugin  # noqa: F401
+
+
+@pytest.mark.parametrize('use_local_bias', [True, False])
+def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data, use_local_bias, monkeypatch):
+    cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
+    cfg.model.pts_bbox_head.attention_bias_config.update(use_local_bias=use_local_bias)
+    model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    model.train()
+    data = cmt_test_data['random_batch']((3, 2))
+    with torch.no_grad():
+        img_feats, pts_feats = model.extract_feat(data['points'], data['img'], data['img_metas'])
+    head = model.pts_bbox_head
+    # the ground-truth check reads the labels on the host (once per batch, before the decoder): run it for real
+    boxes, labels = head.gt_boxes_and_labels(data['gt_bboxes_3d'], data['gt_labels_3d'])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        head = head.to('cuda')
+        pts_feats = [f.to('cuda') for f in pts_feats]
+        img_feats = [f.to('cuda') for f in img_feats]
+        checked = [b.to('cuda') for b in boxes], [label.to('cuda') for label in labels]
+        monkeypatch.setattr(head, 'gt_boxes_and_labels', lambda *args: checked)
+        with torch.autocast('cuda', torch.float16):
+            outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'])
+        task = outputs[0][0]
+        assert task['center'].device.type == 'cuda'
+        assert task['dn_queries'] is not None and 'dn_center' in task, 'no DN queries ran'
+        assert task['cls_logits'].shape[:3] == (cfg.model.pts_bbox_head.transformer.decoder.num_layers, 2,
+                                                cmt_test_data['num_query'])
+        routing = task['aqr_routing']
+        assert routing is not None
