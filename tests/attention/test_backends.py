@@ -131,6 +131,21 @@ def test_segment_recomputes_rows_where_the_window_correction_cancels(cases, monk
         'the test does not exercise cancellation'
 
 
+@pytest.mark.parametrize('amplitude', [-2.0, -40.0])
+def test_segment_is_exact_in_fp32_where_a_moderate_window_bias_cancels_most_of_a_row(cases, amplitude):
+    """Query 0 aligned with its BEV window centre key; the window amplitude removes most (-2) or all (-40) of the
+    row's mass. Outputs and gradients must stay within 1e-5 of math (with the old 1/32 threshold, -2 was not
+    recomputed and its gradients were 1e-4 off)."""
+    q, k, v = cases.make_qkv(bs=1, heads=2, num_queries=4)
+    window, amplitudes = cases.make_window(1, 1, 4, amplitude_scale=0.0)
+    bev_centre = window.centres[0][0, 0]
+    centre_key = int(bev_centre[1]) * cases.BEV.width + int(bev_centre[2])
+    with torch.no_grad():
+        k[0, :, centre_key] = q[0, :, 0] * 6.0
+        amplitudes[0][0, 0, 0] = amplitude
+    assert_matches_math(cases, 'segment', q, k, v, AttentionBias(window, cases.NUM_KEYS), amplitudes, FP32_TOLERANCE)
+
+
 @pytest.mark.parametrize('kind', ['segment+window+lowrank', 'dense'])
 def test_flex_forward_matches_math(cases, kind):
     q, k, v = cases.make_qkv(requires_grad=False)
