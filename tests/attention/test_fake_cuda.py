@@ -4,8 +4,9 @@
 runs the CUDA ops' meta kernels: shapes, dtypes, devices and op signatures are
 checked, and any data-dependent shape or host synchronisation (``nonzero``,
 boolean indexing, ``bool(t.any())``) raises. Autograd cannot run there (it
-needs a CUDA context), so gradients stay verified by the CPU twins in
-``test_backends.py``: the CUDA branch of each backend differs from its CPU
+needs a CUDA context): the segment backward and the fused kernels' backward
+ops are traced by calling them directly, and the gradients' values stay
+verified by the CPU twins in ``test_backends.py``: the CUDA branch of each backend differs from its CPU
 branch only in the kernel it calls (``fused_lse``: the CUDA flash / efficient
 kernels; ``window_slots.SlotPattern.dot``: a gather instead of
 ``sampled_addmm``, compared with it below; ``segment._recompute_rows``: a fixed
@@ -107,3 +108,49 @@ def test_fixed_recompute_budget_gives_the_exact_rows(cases, monkeypatch):
     torch.testing.assert_close(exact, expected)
     monkeypatch.setattr(segment, '_recompute_budget', lambda flags: 4)
     torch.testing.assert_close(segment._recompute_rows(call, out, flags), expected)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_cuda_fused_kernels_with_lse_and_their_backward_trace(dtype):
+    """The CUDA kernels segment calls (flash for half precision, memory-efficient for float32), forward and backward.
+
+    Autograd does not run on fake CUDA, so the backward ops are called directly, as the segment backward does.
+    """
+    from projects.mmdet3d_plugin.attention.backends.fused_lse import (fused_attention_with_lse,
+                                                                      fused_attention_with_lse_backward)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v = (torch.randn(BS, HEADS, n, HEAD_DIM, device='cuda', dtype=dtype) for n in (NUM_QUERIES, 100, 100))
+        out, lse, state = fused_attention_with_lse(q, k, v, None, 0.25)
+        assert (out.shape, out.dtype, lse.shape, lse.dtype) == (q.shape, dtype, (BS, HEADS, NUM_QUERIES),
+                                                                torch.float32)
+        grads = fused_attention_with_lse_backward(torch.randn_like(out), q, k, v, out, state, None, 0.25)
+        assert [(g.shape, g.dtype, g.device.type) for g in grads] == [(t.shape, dtype, 'cuda') for t in (q, k, v)]
+
+
+class _Context:
+    """The parts of an autograd context ``SegmentAttentionFunction`` uses, for calling it without autograd."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_segment_backward_traces_on_fake_cuda(dtype):
+    """The whole segment backward (segment merge + window correction) on fake CUDA, called without autograd."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v, bias = _fake_problem('both', dtype)
+        call = _make_call(q, k, v, bias, None, 0.0, None)
+        plan, segment_values, window_weight = segment.SegmentBackend._plan(call)
+        ctx = _Context((True, ) * 5 + (False, ))
+        out, flags = segment.SegmentAttentionFunction.forward(ctx, q.detach(), k.detach(), v.detach(),
+                                                              segment_values.detach(), window_weight.detach(), plan)
+        grads = segment.SegmentAttentionFunction.backward(ctx, torch.randn_like(out), None)
+        assert flags.shape == (BS, HEADS, NUM_QUERIES)
+        assert [(g.shape, g.dtype, g.device.type) for g in grads[:3]] == [(t.shape, dtype, 'cuda') for t in (q, k, v)]
+        assert grads[3].shape == segment_values.shape and grads[4].shape == window_weight.shape
