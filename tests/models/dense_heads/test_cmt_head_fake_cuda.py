@@ -33,9 +33,15 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
         img_feats = [f.to('cuda') for f in img_feats]
         checked = [b.to('cuda') for b in boxes], [label.to('cuda') for label in labels]
         monkeypatch.setattr(head, 'gt_boxes_and_labels', lambda *args: checked)
-        with torch.autocast('cuda', torch.float16):
+        # torch.autocast turns itself off when built without a CUDA runtime; the fake CUDA tensors need none
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.cuda, 'is_available', lambda: True)
+            autocast = torch.autocast('cuda', torch.float16)
+        with autocast:
+            assert torch.is_autocast_enabled('cuda')
             outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'])
         task = outputs[0][0]
+        assert task['cls_logits'].dtype == torch.float16, 'the head did not run under fp16 autocast'
         assert task['center'].device.type == 'cuda'
         assert task['dn_queries'] is not None and 'dn_center' in task, 'no DN queries ran'
         assert task['cls_logits'].shape[:3] == (cfg.model.pts_bbox_head.transformer.decoder.num_layers, 2,
