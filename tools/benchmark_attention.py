@@ -2,7 +2,7 @@
 
 Examples::
 
-    # the README table: CPU fp32, 900 queries x 56 400 keys x 8 heads, bs 1
+    # the table of docs/attention.md: CPU fp32, 900 queries x 56 400 keys x 8 heads, bs 1
     python tools/benchmark_attention.py --layouts vov --queries 900 --batch-sizes 1 --out bench.json
     # everything the issue lists (Q 900/1800, K 22 384/56 400, bs 1/2): long on CPU
     python tools/benchmark_attention.py

@@ -13,7 +13,7 @@ Writes ``<extra-tag>_infos_train.pkl`` / ``_val.pkl`` (``_test.pkl`` for
 v1.0-test), then, from the training infos, ``<extra-tag>_gt_database/`` and
 ``<extra-tag>_dbinfos_train.pkl`` for ``UnifiedObjectSample``. ``--version
 v1.0`` (upstream CMT's spelling) means v1.0-trainval followed by v1.0-test.
-See README.md, section "Data".
+See docs/data.md.
 """
 import argparse
 import os.path as osp

@@ -155,6 +155,16 @@ def test_head_design_note_keys(cmt_test_data, caplog):
             _build(broken)
 
 
+@pytest.mark.parametrize('key, value, message', [
+    ('bias_strength', 5.0, 'bias_strength .* use bias_scale'),
+    ('bev_feature_shape', (180, 180), 'bev_feature_shape .* read from the BEV feature tensor'),
+    ('pers_feature_shape', (6, 40, 100), 'pers_feature_shape .* read from the image feature tensor'),
+])
+def test_bias_generator_design_note_keys_name_their_replacement(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        MODELS.build(dict(type='AttentionBiasGenerator', window_size=5, **{key: value}))
+
+
 @pytest.mark.parametrize('name', ['cmt_aqr_voxel0100_r50_800x320_cbgs', 'cmt_aqr_voxel0075_vov_1600x640_cbgs'])
 def test_seed_style_configs_build_the_plain_aqr_model(name, cmt_test_data):
     model = _build(cmt_test_data['reduced_config'](f'design_notes/{name}'))

@@ -28,6 +28,7 @@ from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
 from ...attention import AttentionBias, KeyGrid, SegmentBias, WindowBias
+from .design_note_keys import BIAS_GENERATOR_RENAMED_KEYS, reject_renamed_keys
 from .local_window import check_window_size
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -91,6 +92,9 @@ class AttentionBiasGenerator(BaseModule):
         learned_mapping (bool): per modality, learn a residual MLP on the
             weight -> bias mapping (:class:`WeightToBiasMLP`). Default: False.
         mapping_hidden_dims (int): hidden width of that MLP. Default: 16.
+        bias_strength, bev_feature_shape, pers_feature_shape: the design
+            notes' keys; refused with the form to use instead
+            (``design_note_keys.py``).
         init_cfg (dict, optional): mmcv initialisation config.
     """
 
@@ -106,7 +110,12 @@ class AttentionBiasGenerator(BaseModule):
                  num_layers: int = 6,
                  learned_mapping: bool = False,
                  mapping_hidden_dims: int = 16,
+                 bias_strength: Optional[float] = None,
+                 bev_feature_shape: Optional[Sequence[int]] = None,
+                 pers_feature_shape: Optional[Sequence[int]] = None,
                  init_cfg: Optional[dict] = None) -> None:
+        reject_renamed_keys(type(self).__name__, BIAS_GENERATOR_RENAMED_KEYS, bias_strength=bias_strength,
+                            bev_feature_shape=bev_feature_shape, pers_feature_shape=pers_feature_shape)
         super().__init__(init_cfg=init_cfg)
         self.window_size = check_window_size(window_size)
         self.use_local_bias = bool(use_local_bias)

@@ -8,7 +8,7 @@ Turning a CMT config into CMT-AQR means adding to its ``CmtHead``::
 
 The design notes' switch ``enable_aqr`` is accepted too: ``True`` requires
 ``aqr_config``, ``False`` builds plain CMT even when the AQR dicts are present
-(logged). Their other names (:data:`RENAMED_KEYS`: the legacy modules'
+(logged). Their other names (``models/aqr/design_note_keys.py``: the legacy modules'
 ``renderer_config`` / ``modulator_config``, ``aqr_bias_strength``,
 ``aqr_use_local_bias``) are rejected with the keys to use here.
 
@@ -43,28 +43,7 @@ from ..utils.denoising import DenoisingQueries
 from ..utils.petr_transformer import PerLayer
 
 MODULATIONS = ('attention_bias', 'feature')
-RENAMED_KEYS = dict(
-    renderer_config="weight_renderer_config (with modulation='feature')",
-    modulator_config="feature_modulator_config (with modulation='feature')",
-    aqr_bias_strength="attention_bias_config=dict(type='AttentionBiasGenerator', bias_scale=...)",
-    aqr_use_local_bias="attention_bias_config=dict(type='AttentionBiasGenerator', use_local_bias=...)")
 logger = logging.getLogger('mmdet')
-
-
-def reject_renamed_keys(owner: str, **configs) -> None:
-    """Raise for a design-notes key that has another name here (see :data:`RENAMED_KEYS`).
-
-    Args:
-        owner (str): the class name, for the message.
-        **configs: the keys of :data:`RENAMED_KEYS` as given (None = absent).
-
-    Raises:
-        ValueError: naming the key and the one to use instead.
-    """
-    for key, value in configs.items():
-        if value is not None:
-            raise ValueError(f"{owner}: {key} is a key of the design notes that has another form here; use "
-                             f"{RENAMED_KEYS[key]} instead")
 
 
 @dataclass

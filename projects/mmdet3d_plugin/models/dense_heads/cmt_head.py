@@ -38,11 +38,12 @@ from mmdet.models.utils.transformer import inverse_sigmoid
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor, nn
 
+from ..aqr.design_note_keys import HEAD_RENAMED_KEYS, reject_renamed_keys
 from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw, project_to_views, stack_lidar2img
 from ..utils.denoising import DenoisingQueries, build_dn_queries
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
-from .aqr_routing import AQRRoutingMixin, reject_renamed_keys, routing_of
+from .aqr_routing import AQRRoutingMixin, routing_of
 from .cmt_head_loss import CmtHeadLossMixin
 
 NUSCENES_TASKS = (
@@ -153,8 +154,9 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  aqr_bias_strength: Optional[float] = None,
                  aqr_use_local_bias: Optional[bool] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        reject_renamed_keys(type(self).__name__, renderer_config=renderer_config, modulator_config=modulator_config,
-                            aqr_bias_strength=aqr_bias_strength, aqr_use_local_bias=aqr_use_local_bias)
+        reject_renamed_keys(type(self).__name__, HEAD_RENAMED_KEYS, renderer_config=renderer_config,
+                            modulator_config=modulator_config, aqr_bias_strength=aqr_bias_strength,
+                            aqr_use_local_bias=aqr_use_local_bias)
         if init_cfg is not None:
             raise ValueError(f'{type(self).__name__} initialises itself; init_cfg must be None, got {init_cfg}')
         if not norm_bbox:
