@@ -19,18 +19,24 @@ fails, and the summary names every failing case:
 2. **Speed and memory.** ``tools/benchmark_attention.py`` on the same shapes,
    forward + backward: median time and peak memory of each backend as a ratio
    to bias-free SDPA (on CUDA the peak is ``torch.cuda.max_memory_allocated``).
-3. **Training-like loop.** ``--steps`` forward + backward steps of ``auto``
-   attention with both biases while the query count changes every step (as
-   with DN queries), asserting that nothing is compiled (``auto`` never runs a
-   compiled path) and that torch never warns about running flex_attention
-   eagerly.
+3. **alpha.** ``AttentionBiasGenerator`` (global and local bias) builds the
+   bias from random AQR weights and projections; the gradient of its learned
+   ``alpha`` through ``auto`` attention against float64 ``math``.
+4. **Training.** ``--steps`` training iterations (forward, backward,
+   optimizer step) of the demo model (``configs/demo/cmt_aqr_synthetic_tiny.py``)
+   on random batches whose number of ground-truth boxes, and so the number of
+   DN queries, changes every step, asserting finite losses, that nothing is
+   compiled (``auto`` never runs a compiled path) and that torch never warns
+   about running flex_attention eagerly.
 """
 import argparse
+import logging
 import os.path as osp
 import sys
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -39,6 +45,7 @@ if REPO_ROOT not in sys.path:
 
 from projects.mmdet3d_plugin.attention import (AttentionBias, UnsupportedAttentionError,  # noqa: E402
                                                apply_attention)
+from projects.mmdet3d_plugin.models.aqr import AttentionBiasGenerator  # noqa: E402
 from tools import benchmark_attention as bench  # noqa: E402
 
 #: (forward, gradients) relative tolerances against float64 ``math`` (SPEC: 1e-5 in fp32; low precision as the
@@ -48,6 +55,7 @@ TOLERANCES = {'float32': (1e-5, 1e-5), 'float16': (2e-3, 2e-3), 'bfloat16': (1e-
 AUTO_CANDIDATES = {'cuda': ('auto', 'segment', 'flashbias', 'sdpa'), 'cpu': ('auto', 'segment', 'flashbias', 'sdpa')}
 BIAS_KINDS = ('none', 'global', 'local', 'both')
 EAGER_FLEX_WARNING = 'flex_attention called without torch.compile'
+DEMO_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny.py'
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -57,7 +65,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='key layouts (default: r50 vov on CUDA, quick on CPU)')
     parser.add_argument('--queries', type=int, default=None, help='queries (default 900 on CUDA, 12 on CPU)')
     parser.add_argument('--dtypes', nargs='+', choices=sorted(TOLERANCES), default=sorted(TOLERANCES))
-    parser.add_argument('--steps', type=int, default=20, help='steps of the training-like loop')
+    parser.add_argument('--steps', type=int, default=20, help='training iterations of the demo model')
     parser.add_argument('--repeats', type=int, default=5, help='timed runs per backend')
     parser.add_argument('--skip-benchmark', action='store_true')
     args = parser.parse_args(argv)
@@ -159,28 +167,126 @@ def check_accuracy(args: argparse.Namespace) -> List[str]:
     return failures
 
 
-def check_training_loop(args: argparse.Namespace) -> List[str]:
-    """``--steps`` fwd+bwd steps with a changing query count: no compile, no eager-flex warning."""
-    from torch._dynamo.utils import counters
-    counters.clear()
+def check_alpha_gradients(args: argparse.Namespace) -> List[str]:
+    """The gradient of ``AttentionBiasGenerator``'s ``alpha`` through ``auto`` vs float64 ``math``, per bias kind."""
     failures = []
+    layout = args.layouts[0]
+    (bev_h, bev_w), (views, cam_h, cam_w) = bench.KEY_LAYOUTS[layout]
+    num_keys = bev_h * bev_w + views * cam_h * cam_w
+    for local in (False, True):
+        case = _case(layout, args.queries, 'global', 'float32', args.device, 'auto')
+        generator = torch.Generator().manual_seed(1)
+        bs, num_queries, heads, head_dim = case['batch'], case['queries'], case['heads'], case['head_dim']
+        weights = torch.rand(2, bs, num_queries, generator=generator)
+        projection = dict(
+            pts_bev=torch.stack([torch.randint(0, bev_h, (bs, num_queries), generator=generator),
+                                 torch.randint(0, bev_w, (bs, num_queries), generator=generator)], -1),
+            pts_pers_idx=torch.stack([torch.randint(0, views, (bs, num_queries), generator=generator),
+                                      torch.randint(0, cam_h, (bs, num_queries), generator=generator),
+                                      torch.randint(0, cam_w, (bs, num_queries), generator=generator)], -1),
+            visible=torch.rand(bs, num_queries, generator=generator) > 0.2)
+        qkv = [torch.randn(bs, heads, n, head_dim, generator=generator) for n in (num_queries, num_keys, num_keys)]
+        grad_out = torch.randn(bs, heads, num_queries, head_dim, generator=generator)
+        grads = {}
+        for name, dtype, backend in (('auto', torch.float32, 'auto'), ('math', torch.float64, 'math')):
+            bias_generator = AttentionBiasGenerator(window_size=case['window_size'], bias_scale=2.0,
+                                                    use_local_bias=local).to(args.device, dtype)
+            bias = bias_generator(*(w.to(args.device, dtype) for w in weights),
+                                  {key: value.to(args.device) for key, value in projection.items()},
+                                  (bev_h, bev_w), (views, cam_h, cam_w))
+            out = apply_attention(*(t.to(args.device, dtype) for t in qkv), bias, backend=backend)
+            grads[name] = torch.autograd.grad(out, bias_generator.bias_scale, grad_out.to(args.device, dtype))[0]
+        error = _relative_error(grads['auto'], grads['math'])
+        kind = 'local' if local else 'global'
+        ok = error <= TOLERANCES['float32'][1]
+        print(f'alpha gradient, {kind} bias, float32 auto vs float64 math: relative error {error:.1e} '
+              f'{"ok" if ok else "FAILED"}')
+        if not ok:
+            failures.append(f'alpha gradient {kind}: relative error {error:.1e}')
+    return failures
+
+
+def _ring_camera(yaw: float, img_w: int, img_h: int) -> np.ndarray:
+    """``lidar2img [4, 4]`` of a camera at the LiDAR origin looking along ``yaw`` (90 deg horizontal FOV)."""
+    forward, right, down = [np.cos(yaw), np.sin(yaw), 0.0], [np.sin(yaw), -np.cos(yaw), 0.0], [0.0, 0.0, -1.0]
+    lidar2cam, intrinsic = np.eye(4), np.eye(4)
+    lidar2cam[:3, :3] = [right, down, forward]
+    intrinsic[:3, :3] = [[img_w / 2, 0.0, img_w / 2], [0.0, img_w / 2, img_h / 2], [0.0, 0.0, 1.0]]
+    return intrinsic @ lidar2cam
+
+
+def random_demo_batch(cfg, num_boxes: Sequence[int], device: str, generator: torch.Generator) -> dict:
+    """A training batch for the demo model: LiDAR points around random boxes, six cameras, their metas.
+
+    Args:
+        cfg (mmcv.Config): the demo config (point-cloud range, image size).
+        num_boxes (Sequence[int]): ground-truth boxes per sample (DN queries scale with the largest).
+        device (str): where the tensors go.
+        generator (torch.Generator): the randomness.
+    """
+    from mmdet3d.core.bbox import LiDARInstance3DBoxes
+
+    x_min, y_min, z_min, x_max, y_max, z_max = cfg.point_cloud_range
+    img_h, img_w = cfg.ida_aug_conf['final_dim']
+    cameras = [_ring_camera(view * np.pi / 3, img_w, img_h) for view in range(6)]
+    data = dict(img_metas=[], gt_bboxes_3d=[], gt_labels_3d=[], points=[])
+    for count in num_boxes:
+        boxes = torch.zeros(count, 9)
+        boxes[:, :2] = (torch.rand(count, 2, generator=generator) - 0.5) * 0.8 * (x_max - x_min)
+        boxes[:, 2] = -1.5
+        boxes[:, 3:6] = torch.rand(count, 3, generator=generator) * 3 + 1
+        boxes[:, 6] = (torch.rand(count, generator=generator) - 0.5) * 2 * torch.pi
+        centres = boxes[:, None, :3] + torch.randn(count, 200, 3, generator=generator) * 0.5
+        points = torch.cat([centres.reshape(-1, 3), torch.rand(count * 200, 2, generator=generator)], 1)
+        inside = ((points[:, 0] > x_min) & (points[:, 0] < x_max) & (points[:, 1] > y_min) & (points[:, 1] < y_max)
+                  & (points[:, 2] > z_min) & (points[:, 2] < z_max))
+        data['points'].append(points[inside].to(device))
+        data['gt_bboxes_3d'].append(LiDARInstance3DBoxes(boxes, box_dim=9).to(device))
+        data['gt_labels_3d'].append(torch.randint(0, len(cfg.class_names), (count, ), generator=generator).to(device))
+        data['img_metas'].append(dict(box_type_3d=LiDARInstance3DBoxes, lidar2img=cameras,
+                                      img_shape=[(img_h, img_w, 3)] * 6, pad_shape=[(img_h, img_w, 3)] * 6))
+    data['img'] = torch.randn(len(num_boxes), 6, 3, img_h, img_w, generator=generator).to(device)
+    return data
+
+
+def check_training(args: argparse.Namespace) -> List[str]:
+    """``--steps`` training iterations of the demo model, DN query count changing: no compile, no eager flex."""
+    from mmcv import Config
+    from mmdet3d.models import build_model
+    from torch._dynamo.utils import counters
+
+    cfg = Config.fromfile(osp.join(REPO_ROOT, DEMO_CONFIG))
+    logging.getLogger('mmcv').setLevel(logging.WARNING)  # init_weights lists every parameter at INFO
+    torch.manual_seed(0)
+    model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    model.to(args.device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    counters.clear()
+    failures, box_counts, losses = [], [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         for step in range(args.steps):
-            num_queries = args.queries + 7 * step  # DN adds a different number of denoising queries each batch
-            case = _case(args.layouts[0], num_queries, 'both', 'float32', args.device, 'auto')
-            qkv, bias, grad_out = _inputs(case)
-            out = apply_attention(*qkv, bias)
-            torch.autograd.grad(out, qkv, grad_out)
+            num_boxes = (1 + step % 7, 1 + (3 * step) % 5)  # the DN queries follow the largest count
+            box_counts.append(max(num_boxes))
+            outputs = model.train_step(random_demo_batch(cfg, num_boxes, args.device, generator), optimizer=None)
+            optimizer.zero_grad()
+            outputs['loss'].backward()
+            optimizer.step()
+            losses.append(float(outputs['loss']))
     graphs = counters['stats']['unique_graphs']
     eager_flex = [str(w.message) for w in caught if EAGER_FLEX_WARNING in str(w.message)
                   or 'materializes' in str(w.message)]
-    print(f'training-like loop: {args.steps} steps, query counts {args.queries}..{args.queries + 7 * (args.steps - 1)}'
-          f', {graphs} compiled graphs, {len(eager_flex)} eager-flex warnings')
+    print(f'demo model training: {args.steps} iterations, ground-truth boxes per batch {sorted(set(box_counts))} '
+          f'(DN query count changes), loss {losses[0]:.3f} -> {losses[-1]:.3f}, {graphs} compiled graphs, '
+          f'{len(eager_flex)} eager-flex warnings')
+    if not all(torch.isfinite(torch.tensor(losses))):
+        failures.append(f'training: non-finite loss {losses}')
     if graphs:
-        failures.append(f'training loop: {graphs} graphs compiled (auto must not run a compiled path)')
+        failures.append(f'training: {graphs} graphs compiled (auto must not run a compiled path)')
     if eager_flex:
-        failures.append(f'training loop: eager flex_attention ran: {eager_flex[0]}')
+        failures.append(f'training: eager flex_attention ran: {eager_flex[0]}')
     return failures
 
 
@@ -199,7 +305,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'# check_gpu: torch {torch.__version__}, device {device_name}, layouts {args.layouts}, '
           f'Q {args.queries}')
     failures = check_accuracy(args)
-    failures += check_training_loop(args)
+    failures += check_alpha_gradients(args)
+    failures += check_training(args)
     if not args.skip_benchmark:
         run_benchmark(args)
     if failures:

@@ -9,7 +9,9 @@ def test_cpu_self_check_passes(capsys):
     out = capsys.readouterr().out
     assert 'check_gpu passed' in out
     assert '| quick | float32 | both | auto | ok |' in out
-    assert 'training-like loop: 3 steps' in out and '0 compiled graphs, 0 eager-flex warnings' in out
+    assert 'demo model training: 3 iterations, ground-truth boxes per batch [1, 3, 4]' in out
+    assert '0 compiled graphs, 0 eager-flex warnings' in out
+    assert out.count('alpha gradient') == 2 and 'FAILED' not in out
     assert 'x bias-free SDPA' in out
 
 
