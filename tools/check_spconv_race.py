@@ -136,15 +136,23 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_thread_count(args: argparse.Namespace, threads: int) -> List[Dict]:
-    """Run :func:`worker` in a fresh process with ``OMP_NUM_THREADS=threads``; its results."""
+    """Run :func:`worker` in a fresh process with ``OMP_NUM_THREADS=threads``; its results, printed as they come."""
     command = [sys.executable, osp.abspath(__file__), '--worker', '--runs', str(args.runs), '--sites',
                str(args.sites), '--grid', str(args.grid), '--seed', str(args.seed), '--configs', *args.configs,
                '--scatter', *args.scatter]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f'the check with {threads} thread(s) failed (exit code {done.returncode}); see its stderr')
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{')]
+    results = []
+    with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True) as worker_process:
+        for line in worker_process.stdout:
+            if line.startswith('{'):
+                result = json.loads(line)
+                print(f"  {osp.basename(result['config'])}, {threads} thread(s), {result['scatter']}: "
+                      f"{result['bad_runs']}/{result['runs']} runs wrong ({result['seconds']:.0f} s)", flush=True)
+                results.append(dict(result, load=args.load))
+    if worker_process.returncode != 0:
+        raise SystemExit(f'the check with {threads} thread(s) failed (exit code {worker_process.returncode}); '
+                         f'see its stderr')
+    return results
 
 
 def format_table(results: Sequence[Dict]) -> str:
@@ -177,10 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = []
     try:
         for threads in args.threads:
-            for result in run_thread_count(args, threads):
-                print(f"  {osp.basename(result['config'])}, {threads} thread(s), {result['scatter']}: "
-                      f"{result['bad_runs']}/{result['runs']} runs wrong ({result['seconds']:.0f} s)", flush=True)
-                results.append(dict(result, load=args.load))
+            results += run_thread_count(args, threads)
     finally:
         for process in loads:
             process.terminate()
