@@ -46,7 +46,8 @@ from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E40
 
 #: The uncorrupted run, the reference of the deltas.
 CLEAN = 'clean'
-DEFAULT_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16', 'points:0.1')
+DEFAULT_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16', 'points:0.1',
+                       'object_drop:0.5', 'camera_fail:0.4', 'extrinsic:2', 'mixed:120')
 SCORES = ('mAP', 'NDS')
 #: Longest error message shown in the Markdown table (the JSON has it all).
 TABLE_ERROR_CHARS = 160
@@ -91,7 +92,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         f'{" ".join(DEFAULT_CORRUPTIONS)})')
     parser.add_argument('--out', help='output folder (default: work_dirs/<config name>/robustness)')
     parser.add_argument('--samples', type=int, help='evaluate the first N test samples only')
-    parser.add_argument('--corruption-seed', type=int, default=0, help='seed of the random corruptions (points:R)')
+    parser.add_argument('--corruption-seed', type=int, default=0,
+                        help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
     args = parser.parse_args(argv)

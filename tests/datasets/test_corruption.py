@@ -10,7 +10,9 @@ from mmdet3d.core.points import LiDARPoints
 
 from projects.mmdet3d_plugin.datasets.camera_geometry import lidar2cam_from_sensor2lidar
 from projects.mmdet3d_plugin.datasets.corruption_config import corrupt_config, insert_corruption
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, camera_forward_yaw, kept_beams,
+from projects.mmdet3d_plugin.datasets.box_geometry import points_in_boxes
+from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, axis_angle_rotation,
+                                                                   camera_forward_yaw, enlarged_boxes, kept_beams,
                                                                    parse_corruption, points_in_sweep_frames)
 
 SAMPLE = 0  # val sample 0 of the synthetic set
@@ -65,6 +67,10 @@ def _rows(points):
     ('fov:120', dict(mode='fov', fov_deg=120.0)),
     ('beams:16', dict(mode='beams', keep_beams=16)),
     ('points:0.1', dict(mode='points', keep_ratio=0.1)),
+    ('object_drop:0.5', dict(mode='object_drop', drop_prob=0.5)),
+    ('camera_fail:0', dict(mode='camera_fail', fail_prob=0.0)),
+    ('extrinsic:2', dict(mode='extrinsic', rotation_deg=2.0)),
+    ('mixed:120', dict(mode='mixed', sector_deg=120.0)),
 ])
 def test_parse_corruption(spec, expected):
     assert parse_corruption(spec) == dict(type='SensorCorruption', **expected)
@@ -75,7 +81,9 @@ def test_parse_corruption(spec, expected):
     ('view_drop:2.5', 'not a camera view index'), ('view_drop:-1', 'view must be'), ('fov:0', 'fov_deg must be'),
     ('fov:400', 'fov_deg must be'), ('fov:abc', 'not an angle'), ('fov:', 'not an angle'),
     ('beams:0', 'keep_beams must be'), ('points:1.5', 'keep_ratio must be'), ('points:nan', 'keep_ratio must be'),
-    ('lidar_drop:3', 'takes no argument'),
+    ('lidar_drop:3', 'takes no argument'), ('object_drop:1.5', 'drop_prob must be a probability in'),
+    ('camera_fail:-0.1', 'fail_prob must be a probability'), ('extrinsic:0', 'rotation_deg must be an angle'),
+    ('mixed:200', 'sector_deg must be a sector width in'), ('object_drop', 'needs drop_prob'),
 ])
 def test_parse_errors_name_the_cause(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -257,3 +265,108 @@ def test_points_seed_depends_on_the_sample_token_not_on_the_loading_order():
     assert torch.equal(draw('token-a'), first_a) and not torch.equal(draw('token-b'), first_a)
     with pytest.raises(KeyError, match='sample_idx'):
         corruption(dict(points=points))
+
+
+def _ground_truth_boxes(synthetic_root, created_data, cmt, index=SAMPLE):
+    dataset = cmt.build_dataset(synthetic_root, created_data['val'], [], test_mode=True)
+    return dataset.get_data_info(index)['ann_info']['gt_bboxes_3d'].tensor.numpy()
+
+
+@pytest.mark.parametrize('probability', [0.0, 0.5, 1.0])
+def test_object_drop_removes_the_points_of_the_drawn_objects_only(run_test_pipeline, synthetic_root, created_data,
+                                                                  cmt, probability):
+    clean_points, clean_img, _ = run_test_pipeline()
+    points, img, metas = run_test_pipeline(f'object_drop:{probability}', seed=5)
+    record = metas[CORRUPTION_KEY]
+    boxes = _ground_truth_boxes(synthetic_root, created_data, cmt)
+    assert record['num_objects'] == len(boxes) > 3
+    dropped = record['dropped_objects']
+    assert len(dropped) == {0.0: 0, 1.0: len(boxes)}.get(probability, len(dropped))
+    if probability == 0.5:
+        assert 0 < len(dropped) < len(boxes)
+    inside = points_in_boxes(clean_points[:, :3].numpy(), enlarged_boxes(boxes[dropped], 0.25)).any(1)
+    assert torch.equal(points, clean_points[torch.from_numpy(~inside)])
+    if dropped:  # the drawn objects had points, and none is left inside their (unenlarged) boxes
+        assert inside.sum() > 0
+        assert not points_in_boxes(points[:, :3].numpy(), boxes[dropped]).any()
+    assert torch.equal(img, clean_img)
+
+
+def test_object_drop_needs_the_ground_truth_boxes():
+    points = LiDARPoints(torch.zeros(3, 4), points_dim=4)
+    corruption = build_from_cfg(dict(type='SensorCorruption', mode='object_drop', drop_prob=0.5), PIPELINES)
+    with pytest.raises(KeyError, match='needs the ground-truth boxes at test time'):
+        corruption(dict(points=points, sample_idx='a'))
+    boxes = np.array([[5.0, 0.0, -1.0, 4.0, 2.0, 1.5, 0.3]])
+    grown = enlarged_boxes(boxes, 0.25)
+    assert np.allclose(grown, [[5.0, 0.0, -1.25, 4.5, 2.5, 2.0, 0.3]]) and np.allclose(boxes[0, 2], -1.0)
+    with pytest.raises(ValueError, match='object_margin must be >= 0'):
+        build_from_cfg(dict(type='SensorCorruption', mode='object_drop', drop_prob=0.5, object_margin=-1), PIPELINES)
+
+
+def test_camera_fail_blacks_out_a_random_reproducible_set_of_views(run_test_pipeline, cmt):
+    clean_points, clean_img, _ = run_test_pipeline()
+    black = _black_after_normalisation(cmt).expand_as(clean_img[0])
+    seen = set()
+    for seed in range(4):
+        points, img, metas = run_test_pipeline('camera_fail:0.5', seed=seed)
+        views = metas[CORRUPTION_KEY]['views']
+        seen.add(tuple(views))
+        for view in range(len(img)):
+            assert torch.allclose(img[view], black) == (view in views)
+            if view not in views:
+                assert torch.equal(img[view], clean_img[view])
+        assert torch.equal(points, clean_points)
+        assert run_test_pipeline('camera_fail:0.5', seed=seed)[2][CORRUPTION_KEY]['views'] == views
+    assert len(seen) > 1
+    assert run_test_pipeline('camera_fail:0')[2][CORRUPTION_KEY]['views'] == []
+    assert run_test_pipeline('camera_fail:1')[2][CORRUPTION_KEY]['views'] == list(range(len(clean_img)))
+
+
+def _rotation_angle_deg(rotation: np.ndarray) -> float:
+    return float(np.degrees(np.arccos(np.clip((np.trace(rotation) - 1) / 2, -1, 1))))
+
+
+def test_axis_angle_rotation():
+    rotation = axis_angle_rotation(np.array([0.0, 0.0, 2.0]), 90.0)
+    assert np.allclose(rotation @ [1.0, 0.0, 0.0], [0.0, 1.0, 0.0])
+    tilted = axis_angle_rotation(np.array([1.0, 2.0, -0.5]), 3.0)
+    assert np.allclose(tilted @ tilted.T, np.eye(3)) and _rotation_angle_deg(tilted) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize('degrees', [1, 3])
+def test_extrinsic_rotates_every_camera_by_the_angle_and_keeps_the_images(run_test_pipeline, degrees):
+    clean_points, clean_img, clean_metas = run_test_pipeline()
+    points, img, metas = run_test_pipeline(f'extrinsic:{degrees}', seed=2)
+    assert torch.equal(img, clean_img) and torch.equal(points, clean_points)
+    axes = metas[CORRUPTION_KEY]['rotation_axes']
+    assert len(axes) == len(img) and len({tuple(np.round(a, 6)) for a in axes}) == len(img)
+    for clean, moved in zip(clean_metas['lidar2img'], metas['lidar2img']):
+        # clean = A @ lidar2cam, moved = A @ R @ lidar2cam (A: intrinsics and image resizing): the change in the
+        # LiDAR frame is lidar2cam^-1 @ R @ lidar2cam, a rigid motion whose rotation turns by exactly the angle
+        change = np.linalg.inv(np.asarray(clean, dtype=np.float64)) @ np.asarray(moved, dtype=np.float64)
+        assert np.allclose(change[3], [0, 0, 0, 1], atol=1e-9)
+        assert np.allclose(change[:3, :3] @ change[:3, :3].T, np.eye(3), atol=1e-6)
+        assert _rotation_angle_deg(change[:3, :3]) == pytest.approx(degrees, abs=1e-3)
+
+
+def test_mixed_loses_one_lidar_sector_and_the_cameras_of_the_opposite_one(run_test_pipeline, cmt, synthetic_root,
+                                                                          created_data):
+    clean_points, clean_img, _ = run_test_pipeline()
+    points, img, metas = run_test_pipeline('mixed:120', seed=1)
+    record = metas[CORRUPTION_KEY]
+    lidar_yaw, camera_yaw = record['lidar_sector_deg'], record['camera_sector_deg']
+    assert abs((camera_yaw - lidar_yaw) % 360 - 180) < 1e-6
+    azimuth = np.degrees(np.arctan2(clean_points[:, 1].numpy(), clean_points[:, 0].numpy()))
+    in_lidar_sector = np.abs((azimuth - lidar_yaw + 180) % 360 - 180) <= 60
+    assert torch.equal(points, clean_points[torch.from_numpy(~in_lidar_sector)])
+    assert 0.15 < in_lidar_sector.mean() < 0.55
+    dataset = cmt.build_dataset(synthetic_root, created_data['val'], [], test_mode=True)
+    camera_yaws = [np.degrees(camera_forward_yaw(m)) for m in dataset.get_data_info(SAMPLE)['lidar2cam']]
+    facing = [view for view, yaw in enumerate(camera_yaws) if abs((yaw - camera_yaw + 180) % 360 - 180) <= 60]
+    assert record['views'] == facing and 1 <= len(facing) <= 3
+    assert all(abs((camera_yaws[view] - lidar_yaw + 180) % 360 - 180) > 60 for view in facing)  # disjoint sectors
+    black = _black_after_normalisation(cmt).expand_as(img[0])
+    for view in range(len(img)):
+        assert torch.allclose(img[view], black) == (view in facing)
+    assert run_test_pipeline('mixed:120', seed=1)[2][CORRUPTION_KEY] == record

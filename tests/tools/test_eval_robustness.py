@@ -67,7 +67,7 @@ def test_deltas_and_table_against_clean():
 def test_default_corruptions_and_bad_specs(capsys):
     args = eval_robustness.parse_args(['config.py', 'checkpoint.pth'])
     assert args.corruptions == ['clean', 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16',
-                                'points:0.1']
+                                'points:0.1', 'object_drop:0.5', 'camera_fail:0.4', 'extrinsic:2', 'mixed:120']
     with pytest.raises(SystemExit):
         eval_robustness.parse_args(['config.py', 'checkpoint.pth', '--corruptions', 'clean', 'rain'])
     assert "unknown corruption mode 'rain'" in capsys.readouterr().err

@@ -55,9 +55,12 @@ def add_corruption_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--corruption', type=corruption_spec, metavar='SPEC',
                         help=f'corrupt the test inputs: {CORRUPTION_FORMS} (LiDAR removed, all cameras black, '
                         f'camera view N black, LiDAR limited to a DEG-degree forward field of view, only K beams, '
-                        f'a random fraction R of the points)')
+                        f'a random fraction R of the points, each object\'s points lost with probability P, each '
+                        f'camera black with probability P, camera extrinsics rotated by DEG degrees, a DEG-degree '
+                        f'LiDAR sector and the cameras of the opposite sector lost; docs/robustness/corruptions.md)')
     parser.add_argument('--corruption-seed', type=int, default=0,
-                        help='seed of the random corruptions (points:R), drawn per sample token')
+                        help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed), '
+                        'drawn per sample token')
 
 
 def load_test_config(config: str, cfg_options: Optional[dict] = None) -> Config:

@@ -79,10 +79,11 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
     if transform.get('mode') == 'beams' and SWEEP_LOADER in types and 'sweep_time_column' not in transform:
         transform['sweep_time_column'] = sweep_time_column(steps[types.index(SWEEP_LOADER)])
     corruption_step = Compose([transform]).transforms[0]
-    loader = REQUIRED_LOADER[corruption_step.input_key]
-    if loader not in types:
-        raise ValueError(f'corruption {corruption_step.name!r} changes results[{corruption_step.input_key!r}] but '
-                         f'the test pipeline has no top-level {loader}: {types}')
+    for input_key in corruption_step.input_keys:
+        loader = REQUIRED_LOADER[input_key]
+        if loader not in types:
+            raise ValueError(f'corruption {corruption_step.name!r} changes results[{input_key!r}] but the test '
+                             f'pipeline has no top-level {loader}: {types}')
     position = max(index for index, name in enumerate(types) if name.startswith('Load')) + 1
     early = [name for name in types[:position] if not name.startswith('Load')]
     if early:

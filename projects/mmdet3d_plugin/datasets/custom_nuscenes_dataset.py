@@ -123,7 +123,9 @@ class CustomNuScenesDataset(NuScenesDataset):
             (s); with the camera also ``img_filename``, ``img_timestamp``,
             ``lidar2cam``, ``cam_intrinsic``, ``lidar2img`` (lists of ``[4, 4]``
             per view), ``intrinsics`` / ``extrinsics`` (aliases); ``ann_info``
-            unless in test mode.
+            in training, and in test mode when the info has annotations (only
+            test-time corruptions such as ``object_drop`` read it there; the
+            test pipelines collect no annotation for the model).
         """
         info = self.data_infos[index]
         self._check_files(info)
@@ -135,7 +137,7 @@ class CustomNuScenesDataset(NuScenesDataset):
         )
         if self.modality['use_camera']:
             input_dict.update(self._camera_inputs(info))
-        if not self.test_mode:
+        if not self.test_mode or 'gt_boxes' in info:
             input_dict['ann_info'] = self.get_ann_info(index)
         return input_dict
 

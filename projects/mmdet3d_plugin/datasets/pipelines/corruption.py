@@ -16,10 +16,27 @@ test pipeline (``datasets/corruption_config.py`` puts it there):
 * ``beams:K``: only the points of ``K`` of the LiDAR's beams, evenly spread
   over its vertical field of view (a ``K``-beam sensor).
 * ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
+* ``object_drop:P``: each ground-truth object, with probability ``P``, loses
+  every LiDAR point inside its box enlarged by ``object_margin`` (key frame and
+  sweeps; the margin covers the object's motion between sweeps). The boxes
+  come from ``results['ann_info']`` (``CustomNuScenesDataset`` provides it at
+  test time when the info file has annotations; the model never sees it).
+* ``camera_fail:P``: each camera view, independently with probability ``P``,
+  black.
+* ``extrinsic:DEG``: every camera's extrinsics (``lidar2cam``, and with them
+  ``lidar2img``) rotated by ``DEG`` degrees about a random axis in the camera
+  frame, drawn per view; the images stay, so the model projects with a
+  calibration that no longer matches them.
+* ``mixed:DEG``: a random azimuth ``a`` per sample; the LiDAR points within
+  ``DEG / 2`` of ``a`` are removed and the cameras whose optical axis points
+  within ``DEG / 2`` of the opposite direction ``a + 180`` are black
+  (``DEG <= 180``, so the two sectors never overlap): no single modality is
+  good everywhere.
 
-Randomness (``points:R`` only) is seeded per sample from ``seed`` and the
-sample token, so an evaluation is reproducible and independent of the order
-in which samples are loaded.
+Randomness (``points``, ``object_drop``, ``camera_fail``, ``extrinsic``,
+``mixed``) is seeded per sample from ``seed`` and the sample token, so an
+evaluation is reproducible and independent of the order in which samples are
+loaded.
 """
 import numbers
 import zlib
@@ -29,6 +46,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 from mmdet.datasets.builder import PIPELINES
+
+from ..box_geometry import points_in_boxes
 
 #: results / img_metas key describing the applied corruption (add it to Collect3D's meta_keys).
 CORRUPTION_KEY = 'corruption'
@@ -43,10 +62,11 @@ Argument = Union[int, float, None]
 
 @dataclass(frozen=True)
 class CorruptionMode:
-    """A corruption mode: the ``results`` key it changes and its argument.
+    """A corruption mode: the inputs it changes and its argument.
 
     Args:
-        input_key: ``'points'`` or ``'img'``.
+        input_keys: the ``results`` keys it needs: ``('points',)``,
+            ``('img',)`` (the camera images and calibration) or both.
         arg_name: the ``SensorCorruption`` argument holding the mode's value
             (``None``: the mode takes none).
         arg_type: ``int`` or ``float``.
@@ -55,7 +75,7 @@ class CorruptionMode:
         placeholder: the value's name in the CLI form ``mode:PLACEHOLDER``.
     """
 
-    input_key: str
+    input_keys: Tuple[str, ...]
     arg_name: Optional[str] = None
     arg_type: type = float
     is_valid: Optional[Callable[[float], bool]] = None
@@ -63,15 +83,24 @@ class CorruptionMode:
     placeholder: str = ''
 
 
+_PROBABILITY = dict(arg_type=float, is_valid=lambda v: 0 <= v <= 1, arg_help='a probability in [0, 1]',
+                    placeholder='P')
 CORRUPTION_MODES: Dict[str, CorruptionMode] = {
-    'lidar_drop': CorruptionMode('points'),
-    'camera_drop': CorruptionMode('img'),
-    'view_drop': CorruptionMode('img', 'view', int, lambda v: v >= 0, 'a camera view index >= 0', 'N'),
-    'fov': CorruptionMode('points', 'fov_deg', float, lambda v: 0 < v <= 360, 'an angle in (0, 360] degrees', 'DEG'),
-    'beams': CorruptionMode('points', 'keep_beams', int, lambda v: v >= 1, 'a number of beams >= 1', 'K'),
-    'points': CorruptionMode('points', 'keep_ratio', float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]', 'R'),
+    'lidar_drop': CorruptionMode(('points', )),
+    'camera_drop': CorruptionMode(('img', )),
+    'view_drop': CorruptionMode(('img', ), 'view', int, lambda v: v >= 0, 'a camera view index >= 0', 'N'),
+    'fov': CorruptionMode(('points', ), 'fov_deg', float, lambda v: 0 < v <= 360, 'an angle in (0, 360] degrees',
+                          'DEG'),
+    'beams': CorruptionMode(('points', ), 'keep_beams', int, lambda v: v >= 1, 'a number of beams >= 1', 'K'),
+    'points': CorruptionMode(('points', ), 'keep_ratio', float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]', 'R'),
+    'object_drop': CorruptionMode(('points', ), 'drop_prob', **_PROBABILITY),
+    'camera_fail': CorruptionMode(('img', ), 'fail_prob', **_PROBABILITY),
+    'extrinsic': CorruptionMode(('img', ), 'rotation_deg', float, lambda v: 0 < v <= 90,
+                                'an angle in (0, 90] degrees', 'DEG'),
+    'mixed': CorruptionMode(('points', 'img'), 'sector_deg', float, lambda v: 0 < v <= 180,
+                            'a sector width in (0, 180] degrees', 'DEG'),
 }
-#: The CLI forms, for help texts: ``lidar_drop|camera_drop|view_drop:N|fov:DEG|beams:K|points:R``.
+#: The CLI forms, for help texts: ``lidar_drop|camera_drop|view_drop:N|fov:DEG|...|mixed:DEG``.
 CORRUPTION_FORMS = '|'.join(f'{mode}:{spec.placeholder}' if spec.arg_name else mode
                             for mode, spec in CORRUPTION_MODES.items())
 
@@ -218,6 +247,22 @@ def points_in_sweep_frames(xyz: np.ndarray, time_lag: np.ndarray, sweeps: Sequen
     return out
 
 
+def axis_angle_rotation(axis: np.ndarray, angle_deg: float) -> np.ndarray:
+    """``[3, 3]`` rotation by ``angle_deg`` degrees about the unit vector ``axis`` (Rodrigues' formula)."""
+    x, y, z = np.asarray(axis, dtype=np.float64) / np.linalg.norm(axis)
+    cross = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    angle = np.deg2rad(angle_deg)
+    return np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross
+
+
+def enlarged_boxes(boxes: np.ndarray, margin: float) -> np.ndarray:
+    """LiDAR boxes ``[M, >=7]`` (bottom centre) grown by ``margin`` metres on every side, bottom included."""
+    grown = np.array(boxes, dtype=np.float64, copy=True)
+    grown[:, 2] -= margin
+    grown[:, 3:6] += 2 * margin
+    return grown
+
+
 @PIPELINES.register_module()
 class SensorCorruption:
     """Corrupt the LiDAR points or the camera images of a test sample (see the module docstring for the modes).
@@ -228,19 +273,27 @@ class SensorCorruption:
     ``datasets.corruption_config.insert_corruption`` does so. Black then
     means pixels of value 0, which normalisation turns into ``-mean / std``.
     Sets ``results['corruption']``: ``name`` (CLI form), ``mode``, the
-    argument, and per mode ``camera`` / ``views`` (``view_drop`` /
-    ``camera_drop``), ``forward_yaw_deg`` (``fov``), ``kept_beams``
-    (``beams``), ``seed`` (``points``), ``num_points_before`` /
-    ``num_points_after`` (LiDAR modes). Add ``'corruption'`` to
-    ``Collect3D``'s ``meta_keys`` to see it in ``img_metas``.
+    argument, and per mode ``camera`` / ``views`` (the black views),
+    ``forward_yaw_deg`` (``fov``), ``kept_beams`` (``beams``), ``seed`` (random
+    modes), ``dropped_objects`` / ``num_objects`` (``object_drop``),
+    ``rotation_axes`` (``extrinsic``: per view, in its camera frame),
+    ``lidar_sector_deg`` / ``camera_sector_deg`` (``mixed``: the sector
+    centres, as yaws in the LiDAR frame), ``num_points_before`` /
+    ``num_points_after`` (modes that change the points). Add ``'corruption'``
+    to ``Collect3D``'s ``meta_keys`` to see it in ``img_metas``.
 
     Args:
-        mode (str): one of ``lidar_drop``, ``camera_drop``, ``view_drop``, ``fov``, ``beams``, ``points``.
+        mode (str): one of the keys of :data:`CORRUPTION_MODES`.
         view (int, optional): ``view_drop``: index of the camera view made black.
         fov_deg (float, optional): ``fov``: the kept field of view in degrees, centred on the forward direction.
         keep_beams (int, optional): ``beams``: number of beams kept.
         keep_ratio (float, optional): ``points``: fraction of the points kept.
-        seed (int): base seed of ``points``.
+        drop_prob (float, optional): ``object_drop``: probability that an object loses its points.
+        fail_prob (float, optional): ``camera_fail``: probability that a camera view is black.
+        rotation_deg (float, optional): ``extrinsic``: rotation of every camera's extrinsics, in degrees.
+        sector_deg (float, optional): ``mixed``: width of the LiDAR sector and of the camera sector lost.
+        object_margin (float): ``object_drop``: metres added to every side of the boxes. Default: 0.25.
+        seed (int): base seed of the random modes.
         forward_camera (str): ``fov``: the camera whose optical axis is the forward direction.
         forward_yaw_deg (float, optional): ``fov``: the forward direction as a yaw in the LiDAR frame
             (degrees from +x towards +y) instead of the camera's (for LiDAR-only pipelines; nuScenes: 90).
@@ -252,18 +305,24 @@ class SensorCorruption:
     """
 
     def __init__(self, mode: str, view: Optional[int] = None, fov_deg: Optional[float] = None,
-                 keep_beams: Optional[int] = None, keep_ratio: Optional[float] = None, seed: int = 0,
+                 keep_beams: Optional[int] = None, keep_ratio: Optional[float] = None,
+                 drop_prob: Optional[float] = None, fail_prob: Optional[float] = None,
+                 rotation_deg: Optional[float] = None, sector_deg: Optional[float] = None,
+                 object_margin: float = 0.25, seed: int = 0,
                  forward_camera: str = 'CAM_FRONT', forward_yaw_deg: Optional[float] = None,
                  lidar_beams: int = HDL32E_BEAMS,
                  elevation_range_deg: Tuple[float, float] = HDL32E_ELEVATION_RANGE_DEG,
                  sweep_time_column: Optional[int] = None) -> None:
         spec = corruption_mode(mode)
-        arguments = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio)
+        arguments = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio,
+                         drop_prob=drop_prob, fail_prob=fail_prob, rotation_deg=rotation_deg, sector_deg=sector_deg)
         foreign = [name for name, value in arguments.items() if value is not None and name != spec.arg_name]
         if foreign:
             raise ValueError(f'SensorCorruption: {foreign} are not arguments of mode {mode!r}')
+        if object_margin < 0:
+            raise ValueError(f'SensorCorruption: object_margin must be >= 0, got {object_margin}')
         self.mode = mode
-        self.input_key = spec.input_key
+        self.input_keys = spec.input_keys
         self.arg_name = spec.arg_name
         self.value = check_corruption_argument(mode, arguments.get(spec.arg_name))
         self.name = corruption_name(mode, self.value)
@@ -271,6 +330,7 @@ class SensorCorruption:
                                     and elevation_range_deg[0] < elevation_range_deg[1]):
             raise ValueError(f'SensorCorruption({self.name}): cannot keep {self.value} beams of a LiDAR with '
                              f'lidar_beams={lidar_beams}, elevation_range_deg={elevation_range_deg}')
+        self.object_margin = float(object_margin)
         self.seed = seed
         self.forward_camera = forward_camera
         self.forward_yaw_deg = forward_yaw_deg
@@ -279,34 +339,84 @@ class SensorCorruption:
         self.sweep_time_column = sweep_time_column
 
     def __call__(self, results: Dict) -> Dict:
-        if self.input_key not in results:
-            raise KeyError(f'SensorCorruption({self.name}) needs results[{self.input_key!r}]: put it after the '
-                           f'loading steps (datasets.corruption_config.insert_corruption does)')
+        missing = [key for key in self.input_keys if key not in results]
+        if missing:
+            raise KeyError(f'SensorCorruption({self.name}) needs results{missing}: put it after the loading steps '
+                           f'(datasets.corruption_config.insert_corruption does)')
         record = dict(name=self.name, mode=self.mode)
         if self.arg_name is not None:
             record[self.arg_name] = self.value
-        if self.input_key == 'img':
+        if self.mode in ('points', 'object_drop', 'camera_fail', 'extrinsic', 'mixed'):
+            record['seed'] = self.seed
+        if self.mode == 'mixed':
+            lidar_yaw = self._rng(results).uniform(-np.pi, np.pi)
+            record['lidar_sector_deg'] = float(np.degrees(lidar_yaw))
+            record['camera_sector_deg'] = float(np.degrees(np.remainder(lidar_yaw + 2 * np.pi, 2 * np.pi) - np.pi))
+        if self.mode == 'extrinsic':
+            self._misalign_cameras(results, record)
+        elif 'img' in self.input_keys:
             self._black_out_views(results, record)
-        else:
+        if 'points' in self.input_keys:
             self._filter_points(results, record)
         results[CORRUPTION_KEY] = record
         return results
+
+    def _rng(self, results: Dict) -> np.random.Generator:
+        """The sample's random generator (a fresh one each call, so every draw is a function of the sample)."""
+        if 'sample_idx' not in results:
+            raise KeyError(f'SensorCorruption({self.name}) needs results["sample_idx"] (the sample token) to seed '
+                           f'the sample\'s random draw')
+        return sample_rng(self.seed, results['sample_idx'])
 
     def _black_out_views(self, results: Dict, record: Dict) -> None:
         images = results['img']
         if not isinstance(images, (list, tuple)):
             raise TypeError(f'SensorCorruption({self.name}) needs results["img"] as a list of per-view images '
                             f'(LoadMultiViewImageFromFiles), got {type(images).__name__}')
-        views = list(range(len(images)))
-        if self.mode == 'view_drop':
-            if self.value >= len(images):
-                raise ValueError(f'SensorCorruption({self.name}): the sample has {len(images)} camera views '
-                                 f'(0..{len(images) - 1})')
-            views = [self.value]
-            names = results.get('camera_names')
-            record['camera'] = names[self.value] if names is not None else None
+        views = self._failed_views(results, len(images), record)
         record['views'] = views
         results['img'] = [np.zeros_like(img) if view in views else img for view, img in enumerate(images)]
+
+    def _failed_views(self, results: Dict, num_views: int, record: Dict) -> List[int]:
+        """The camera views made black."""
+        if self.mode == 'view_drop':
+            if self.value >= num_views:
+                raise ValueError(f'SensorCorruption({self.name}): the sample has {num_views} camera views '
+                                 f'(0..{num_views - 1})')
+            names = results.get('camera_names')
+            record['camera'] = names[self.value] if names is not None else None
+            return [self.value]
+        if self.mode == 'camera_fail':
+            return np.flatnonzero(self._rng(results).random(num_views) < self.value).tolist()
+        if self.mode == 'mixed':
+            if 'lidar2cam' not in results or len(results['lidar2cam']) != num_views:
+                raise KeyError(f'SensorCorruption({self.name}) needs the calibration of every camera '
+                               f'(results["lidar2cam"], one per view) to find the cameras of the failed sector')
+            yaws = np.array([camera_forward_yaw(lidar2cam) for lidar2cam in results['lidar2cam']])
+            facing = fov_mask(np.stack([np.cos(yaws), np.sin(yaws)], 1), np.deg2rad(record['camera_sector_deg']),
+                              self.value)
+            return np.flatnonzero(facing).tolist()
+        return list(range(num_views))
+
+    def _misalign_cameras(self, results: Dict, record: Dict) -> None:
+        """Rotate every ``lidar2cam`` by ``rotation_deg`` about a random axis; recompose ``lidar2img``, in place."""
+        missing = [key for key in ('lidar2cam', 'cam_intrinsic', 'lidar2img') if key not in results]
+        if missing:
+            raise KeyError(f'SensorCorruption({self.name}) needs the camera calibration results{missing} '
+                           f'(CustomNuScenesDataset with use_camera=True provides it)')
+        rng = self._rng(results)
+        axes = []
+        for view, (lidar2cam, intrinsic) in enumerate(zip(results['lidar2cam'], results['cam_intrinsic'])):
+            axis = rng.normal(size=3)
+            axis /= np.linalg.norm(axis)
+            rotation = np.eye(4)
+            rotation[:3, :3] = axis_angle_rotation(axis, self.value)
+            misaligned = rotation @ np.asarray(lidar2cam, dtype=np.float64)
+            # in place: the lists' arrays are shared with the 'extrinsics' / 'intrinsics' aliases
+            lidar2cam[...] = misaligned
+            results['lidar2img'][view][...] = np.asarray(intrinsic, dtype=np.float64) @ misaligned
+            axes.append(axis.tolist())
+        record['rotation_axes'] = axes
 
     def _filter_points(self, results: Dict, record: Dict) -> None:
         points = results['points']
@@ -322,6 +432,8 @@ class SensorCorruption:
             forward_yaw = self._forward_yaw(results)
             record['forward_yaw_deg'] = float(np.degrees(forward_yaw))
             return fov_mask(points[:, :2], forward_yaw, self.value)
+        if self.mode == 'mixed':
+            return ~fov_mask(points[:, :2], np.deg2rad(record['lidar_sector_deg']), self.value)
         if self.mode == 'beams':
             xyz = points[:, :3]
             if self.sweep_time_column is not None:
@@ -330,14 +442,25 @@ class SensorCorruption:
             kept = kept_beams(self.lidar_beams, self.value)
             record['kept_beams'] = kept.tolist()
             return np.isin(beam_indices(xyz, self.lidar_beams, self.elevation_range_deg), kept)
-        if 'sample_idx' not in results:
-            raise KeyError(f'SensorCorruption({self.name}) needs results["sample_idx"] (the sample token) to seed '
-                           f'the sample\'s random draw')
-        record['seed'] = self.seed
+        if self.mode == 'object_drop':
+            return self._points_outside_dropped_objects(results, points, record)
         keep = np.zeros(len(points), dtype=bool)
         num_kept = int(round(self.value * len(points)))
-        keep[sample_rng(self.seed, results['sample_idx']).choice(len(points), num_kept, replace=False)] = True
+        keep[self._rng(results).choice(len(points), num_kept, replace=False)] = True
         return keep
+
+    def _points_outside_dropped_objects(self, results: Dict, points: np.ndarray, record: Dict) -> np.ndarray:
+        boxes = results.get('ann_info', {}).get('gt_bboxes_3d')
+        if boxes is None:
+            raise KeyError(f'SensorCorruption({self.name}) needs the ground-truth boxes at test time '
+                           f'(results["ann_info"]["gt_bboxes_3d"]); CustomNuScenesDataset provides them when the '
+                           f'info file has annotations (not for the nuScenes test split)')
+        boxes = boxes.tensor.numpy() if hasattr(boxes, 'tensor') else np.asarray(boxes)
+        dropped = np.flatnonzero(self._rng(results).random(len(boxes)) < self.value)
+        record.update(num_objects=int(len(boxes)), dropped_objects=dropped.tolist())
+        if not len(dropped) or not len(points):
+            return np.ones(len(points), dtype=bool)
+        return ~points_in_boxes(points[:, :3], enlarged_boxes(boxes[dropped], self.object_margin)).any(1)
 
     def _forward_yaw(self, results: Dict) -> float:
         if self.forward_yaw_deg is not None:
