@@ -161,3 +161,65 @@ def test_object_range_bounds_every_annotation_in_the_ego_frame(tmp_path):
     with pytest.raises(ValueError, match='max_abs_xy'):
         generate_synthetic_nuscenes(SyntheticConfig(root=str(tmp_path / 'b'), num_scenes=1, num_val_scenes=0,
                                                     object_range=5.0), log=None)
+
+
+def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthetic_nuscenes):
+    """In the info files' LiDAR boxes, the points in the front part reach higher than those in the rear part."""
+    import pickle
+    taller_front = checked = 0
+    for split in ('train', 'val'):
+        with open(osp.join(synthetic_nuscenes, f'nuscenes_infos_{split}.pkl'), 'rb') as f:
+            infos = pickle.load(f)['infos']
+        for info in infos:
+            xyz = np.fromfile(info['lidar_path'], dtype=np.float32).reshape(-1, 5)[:, :3]
+            for x, y, z, length, width, height, yaw in info['gt_boxes'][:, :7]:
+                offset = xyz - [x, y, z]  # z: the box's gravity centre
+                along = offset[:, 0] * np.cos(yaw) + offset[:, 1] * np.sin(yaw)
+                across = -offset[:, 0] * np.sin(yaw) + offset[:, 1] * np.cos(yaw)
+                inside = (np.abs(along) <= length / 2) & (np.abs(across) <= width / 2) & (np.abs(offset[:, 2]) <= height / 2)
+                front, rear = inside & (along > 0.05 * length), inside & (along < -0.05 * length)
+                if front.sum() < 5 or rear.sum() < 5:
+                    continue
+                checked += 1
+                taller_front += offset[front, 2].max() > offset[rear, 2].max() + 0.2 * height
+    assert checked >= 8
+    assert taller_front / checked > 0.8
+
+
+def test_cameras_show_the_heading_as_a_white_front_face():
+    from tools.data_converter.synthetic.camera import box_corners, render_image
+    from tools.data_converter.synthetic.lidar import BoxSet
+    from tools.data_converter.synthetic.shape import FRONT_FACE_BGR, object_parts
+    width, height = 320, 180
+    intrinsic = np.array([[160.0, 0.0, 160.0], [0.0, 160.0, 90.0], [0.0, 0.0, 1.0]])
+    # a level camera at the origin looking along global +x: camera x = -y, y = -z, z = +x
+    global2cam = np.eye(4)
+    global2cam[:3, :3] = [[0.0, -1.0, 0.0], [0.0, 0.0, -1.0], [1.0, 0.0, 0.0]]
+    global2cam[:3, 3] = [0.0, 1.0, 0.0]  # the camera 1 m above the ground
+    car = CLASS_SPECS['car']
+    colours = {}
+    for facing, yaw in (('towards', np.pi), ('away', 0.0)):
+        boxes = BoxSet(centers=np.array([[12.0, 0.0, 0.85]]), lwh=np.array([[4.6, 1.95, 1.7]]), yaws=np.array([yaw]),
+                       intensities=np.array([60.0]))
+        parts, _, is_front = object_parts(boxes)
+        corners = [box_corners(parts.centers[i], parts.lwh[i], parts.yaws[i]) for i in range(len(parts))]
+        image = render_image(intrinsic, global2cam, corners, [car.colour] * len(parts), width, height,
+                             [FRONT_FACE_BGR if front else None for front in is_front])
+        colours[facing] = image[int(height / 2 + 0.5 * 160 / 12), width // 2]  # 0.5 m above the camera, in the middle
+    assert matches_colour(colours['towards'], FRONT_FACE_BGR)[0] and colours['towards'].min() > 200
+    assert matches_colour(colours['away'], car.colour)[0]
+
+
+def test_object_parts_fill_the_annotated_box():
+    from tools.data_converter.synthetic.lidar import BoxSet
+    from tools.data_converter.synthetic.shape import FRONT_LENGTH_SHARE, REAR_HEIGHT_SHARE, object_parts
+    boxes = BoxSet(centers=np.array([[3.0, -2.0, 1.0]]), lwh=np.array([[5.0, 2.0, 2.0]]), yaws=np.array([np.pi / 2]),
+                   intensities=np.array([50.0]))
+    parts, owner, is_front = object_parts(boxes)
+    assert owner.tolist() == [0, 0] and is_front.tolist() == [True, False]
+    front, rear = parts.centers
+    assert np.allclose(front, [3.0, -2.0 + (5.0 - 5.0 * FRONT_LENGTH_SHARE) / 2, 1.0])  # heading +y: front at +y
+    assert np.allclose(parts.lwh, [[5.0 * FRONT_LENGTH_SHARE, 2.0, 2.0],
+                                   [5.0 * (1 - FRONT_LENGTH_SHARE), 2.0, 2.0 * REAR_HEIGHT_SHARE]])
+    assert rear[1] - parts.lwh[1, 0] / 2 == pytest.approx(-2.0 - 2.5)  # the rear part ends at the box's back
+    assert rear[2] - parts.lwh[1, 2] / 2 == pytest.approx(0.0)  # and stands on the ground

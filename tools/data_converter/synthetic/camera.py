@@ -5,7 +5,7 @@ as its visible box faces, filled with the class colour and shaded per face, far 
 first, over a sky / ground background split at the horizon.
 """
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -44,6 +44,8 @@ _FORWARD_CAMERA_AXES = np.array([[0.0, 0.0, 1.0], [-1.0, 0.0, 0.0], [0.0, -1.0, 
 # Box faces as corner indices of the nuScenes corner order (see ``box_corners``).
 _BOX_FACES = ((0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 5, 4), (3, 2, 6, 7), (0, 3, 7, 4), (1, 2, 6, 5))
 _FACE_SHADE = (1.0, 0.55, 0.9, 0.9, 0.75, 0.75)
+#: Index in ``_BOX_FACES`` of the face the box's heading points out of (corners 0-3, ``+x`` in the box frame).
+_FRONT_FACE = 0
 
 _SKY_BGR = np.array([235.0, 206.0, 170.0])
 _GROUND_BGR = np.array([95.0, 100.0, 105.0])
@@ -89,7 +91,8 @@ def _clip_near(polygon: np.ndarray) -> np.ndarray:
 
 
 def render_image(intrinsic: np.ndarray, global2cam: np.ndarray, corners: Sequence[np.ndarray],
-                 colours: Sequence[Tuple[int, int, int]], width: int, height: int) -> np.ndarray:
+                 colours: Sequence[Tuple[int, int, int]], width: int, height: int,
+                 front_colours: Optional[Sequence[Optional[Tuple[int, int, int]]]] = None) -> np.ndarray:
     """Draw the boxes seen by one camera.
 
     Args:
@@ -98,6 +101,8 @@ def render_image(intrinsic: np.ndarray, global2cam: np.ndarray, corners: Sequenc
         corners: per box, ``[8, 3]`` global corners (see :func:`box_corners`).
         colours: per box, a BGR colour.
         width, height: image size in pixels.
+        front_colours: per box, the BGR colour of its front face (the one its heading
+            points out of), or None for the box colour; None: every face in the box colour.
 
     Returns:
         np.ndarray: ``[height, width, 3]`` uint8 BGR image.
@@ -115,7 +120,7 @@ def render_image(intrinsic: np.ndarray, global2cam: np.ndarray, corners: Sequenc
     for b in order:
         cam = cam_corners[b]
         box_center = cam.mean(axis=0)
-        for face, shade in zip(_BOX_FACES, _FACE_SHADE):
+        for index, (face, shade) in enumerate(zip(_BOX_FACES, _FACE_SHADE)):
             quad = cam[list(face)]
             face_center = quad.mean(axis=0)
             if np.dot(face_center - box_center, face_center) >= 0:
@@ -125,7 +130,8 @@ def render_image(intrinsic: np.ndarray, global2cam: np.ndarray, corners: Sequenc
                 continue
             pix = poly @ intrinsic.T
             pix = (pix[:, :2] / pix[:, 2:3]).clip(-limit, limit)
-            colour = tuple(int(v * shade) for v in colours[b])
+            front = front_colours[b] if front_colours is not None and index == _FRONT_FACE else None
+            colour = tuple(int(v * shade) for v in (front if front is not None else colours[b]))
             cv2.fillPoly(img, [np.round(pix).astype(np.int32)], colour, lineType=cv2.LINE_AA)
             cv2.polylines(img, [np.round(pix).astype(np.int32)], True, tuple(int(v * 0.4) for v in colour), 1,
                           lineType=cv2.LINE_AA)

@@ -27,6 +27,7 @@ from ..transforms import matrix_to_quaternion, pose_matrix, yaw_to_quaternion
 from .camera import CAMERA_MOUNTS, box_corners, camera_intrinsic, camera_to_ego_rotation, render_image
 from .layout import CLASS_SPECS, EgoPath, SceneObject, sample_ego_path, sample_scene_objects
 from .lidar import BoxSet, cast_scan, ray_directions
+from .shape import FRONT_FACE_BGR, object_parts
 
 TABLE_NAMES = ('attribute', 'calibrated_sensor', 'category', 'ego_pose', 'instance', 'log', 'map', 'sample',
                'sample_annotation', 'sample_data', 'scene', 'sensor', 'visibility')
@@ -229,8 +230,9 @@ class _SceneWriter:
         pose = self._ego_pose(ego, t, LIDAR_CHANNEL)
         lidar2global = pose_matrix(pose['translation'], pose['rotation']) @ pose_matrix(
             calib['translation'], calib['rotation'])
-        scan = cast_scan(lidar2global[:3, 3], self.ray_dirs @ lidar2global[:3, :3].T, self.ray_ring,
-                         self._boxes_at(objects, t), LIDAR_MAX_RANGE, self.rng)
+        parts, owner, _ = object_parts(self._boxes_at(objects, t))
+        scan = cast_scan(lidar2global[:3, 3], self.ray_dirs @ lidar2global[:3, :3].T, self.ray_ring, parts,
+                         LIDAR_MAX_RANGE, self.rng, owner=owner)
         local = (scan.points - lidar2global[:3, 3]) @ lidar2global[:3, :3]
         cloud = np.concatenate([local, scan.intensity[:, None], scan.ring[:, None]], axis=1).astype(np.float32)
         folder = 'samples' if key else 'sweeps'
@@ -241,16 +243,17 @@ class _SceneWriter:
 
     def _camera_frames(self, ego: EgoPath, objects: List[SceneObject], calibs: Dict[str, dict], sample_token: str,
                        t: float) -> None:
-        boxes = self._boxes_at(objects, t)
-        corners = [box_corners(boxes.centers[i], boxes.lwh[i], boxes.yaws[i]) for i in range(len(boxes))]
-        colours = [CLASS_SPECS[o.class_name].colour for o in objects]
+        parts, owner, is_front = object_parts(self._boxes_at(objects, t))
+        corners = [box_corners(parts.centers[i], parts.lwh[i], parts.yaws[i]) for i in range(len(parts))]
+        colours = [CLASS_SPECS[objects[o].class_name].colour for o in owner]
+        front_colours = [FRONT_FACE_BGR if front else None for front in is_front]
         for channel in CAMERA_MOUNTS:
             calib = calibs[channel]
             pose = self._ego_pose(ego, t, channel)
             cam2global = pose_matrix(pose['translation'], pose['rotation']) @ pose_matrix(
                 calib['translation'], calib['rotation'])
             image = render_image(np.array(calib['camera_intrinsic']), np.linalg.inv(cam2global), corners, colours,
-                                 self.width, self.height)
+                                 self.width, self.height, front_colours)
             filename = f'samples/{channel}/{self.logfile}__{channel}__{_to_us(t)}.jpg'
             cv2.imwrite(osp.join(self.cfg.root, filename), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
             self._sample_data(sample_token, channel, calib, pose, t, True, filename, 'jpg',

@@ -5,7 +5,7 @@ millimetres *inside* the box they hit, and ground points a few millimetres *belo
 ground, so that point-in-box counts are exact and robust to float32 storage.
 """
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -62,9 +62,9 @@ class LidarScan:
         points: ``[N, 3]`` global hit points.
         intensity: ``[N]``.
         ring: ``[N]`` ring (beam) index.
-        box_index: ``[N]`` index of the box hit, -1 for ground.
-        rays_on_box: ``[B]`` rays hitting each box first (what the LiDAR sees of it).
-        rays_unoccluded: ``[B]`` rays that would hit each box if no other box were there.
+        box_index: ``[N]`` index of the object hit, -1 for ground.
+        rays_on_box: ``[B]`` rays hitting each object first (what the LiDAR sees of it).
+        rays_unoccluded: ``[B]`` rays that would hit each object if no other object were there.
     """
 
     points: np.ndarray
@@ -112,7 +112,7 @@ def _ray_box_entry(origin: np.ndarray, dirs: np.ndarray, center: np.ndarray, lwh
 
 
 def cast_scan(origin: np.ndarray, dirs: np.ndarray, ring: np.ndarray, boxes: BoxSet, max_range: float,
-              rng: np.random.Generator) -> LidarScan:
+              rng: np.random.Generator, owner: Optional[np.ndarray] = None) -> LidarScan:
     """Cast every ray against the ground plane ``z = 0`` and the boxes; keep the first hit.
 
     Args:
@@ -122,28 +122,34 @@ def cast_scan(origin: np.ndarray, dirs: np.ndarray, ring: np.ndarray, boxes: Box
         boxes: the boxes.
         max_range: rays that hit nothing closer are dropped.
         rng: random generator for the measurement noise.
+        owner: ``[len(boxes)]`` the object each box is a part of (objects made of several
+            boxes, see ``shape.object_parts``); None: every box is an object.
 
     Returns:
-        LidarScan: the points and per-box visibility counts.
+        LidarScan: the points and per-object visibility counts (``box_index`` is the object).
     """
     num_rays = dirs.shape[0]
+    owner = np.arange(len(boxes)) if owner is None else np.asarray(owner)
+    num_objects = int(owner.max()) + 1 if len(owner) else 0
     with np.errstate(divide='ignore'):
         t_ground = np.where(dirs[:, 2] < -1e-6, -origin[2] / dirs[:, 2], np.inf)
     t_boxes = np.stack([_ray_box_entry(origin, dirs, boxes.centers[b], boxes.lwh[b], boxes.yaws[b])
                         for b in range(len(boxes))], axis=1) if len(boxes) else np.full((num_rays, 0), np.inf)
+    t_objects = np.stack([t_boxes[:, owner == o].min(axis=1) for o in range(num_objects)], axis=1) \
+        if num_objects else np.full((num_rays, 0), np.inf)
     t_box_min = t_boxes.min(axis=1) if len(boxes) else np.full(num_rays, np.inf)
     nearest_box = t_boxes.argmin(axis=1) if len(boxes) else np.zeros(num_rays, dtype=np.int64)
     hits_box = t_box_min < np.minimum(t_ground, max_range)
     hits_ground = ~hits_box & (t_ground < max_range)
 
-    rays_unoccluded = (t_boxes < np.minimum(t_ground, max_range)[:, None]).sum(axis=0)
-    rays_on_box = np.bincount(nearest_box[hits_box], minlength=len(boxes))
+    rays_unoccluded = (t_objects < np.minimum(t_ground, max_range)[:, None]).sum(axis=0)
+    rays_on_box = np.bincount(owner[nearest_box[hits_box]], minlength=num_objects)
 
     box_rays = np.nonzero(hits_box)[0]
-    box_ids = nearest_box[box_rays]
+    part_ids = nearest_box[box_rays]
     depth_inside = rng.uniform(0.005, 0.03, size=box_rays.shape[0])
     box_points = origin + dirs[box_rays] * (t_box_min[box_rays] + depth_inside)[:, None]
-    box_points = _clamp_inside(box_points, box_ids, boxes, margin=1e-3)
+    box_points = _clamp_inside(box_points, part_ids, boxes, margin=1e-3)
 
     ground_rays = np.nonzero(hits_ground)[0]
     ground_t = t_ground[ground_rays] + rng.normal(0.0, 0.02, size=ground_rays.shape[0])
@@ -152,12 +158,12 @@ def cast_scan(origin: np.ndarray, dirs: np.ndarray, ring: np.ndarray, boxes: Box
 
     points = np.concatenate([box_points, ground_points], axis=0)
     intensity = np.concatenate([
-        boxes.intensities[box_ids] + rng.normal(0.0, 5.0, size=box_ids.shape[0]),
+        boxes.intensities[part_ids] + rng.normal(0.0, 5.0, size=part_ids.shape[0]),
         rng.uniform(2.0, 15.0, size=ground_rays.shape[0])]).clip(0.0, 255.0)
     return LidarScan(points=points,
                      intensity=intensity,
                      ring=np.concatenate([ring[box_rays], ring[ground_rays]]),
-                     box_index=np.concatenate([box_ids, np.full(ground_rays.shape[0], -1)]),
+                     box_index=np.concatenate([owner[part_ids], np.full(ground_rays.shape[0], -1)]),
                      rays_on_box=rays_on_box,
                      rays_unoccluded=rays_unoccluded)
 
