@@ -36,7 +36,8 @@ from typing import Dict, List, Optional, Sequence
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
-DEFAULT_CONFIGS = ('configs/demo/cmt_aqr_synthetic_tiny.py', 'configs/cmt_voxel0100_r50_800x320_cbgs.py')
+#: The published fusion configs' encoder (R50 / voxel 0.1; the VoV and LiDAR-only configs use the same layers).
+DEFAULT_CONFIGS = ('configs/cmt_voxel0100_r50_800x320_cbgs.py', )
 SCATTERS = ('builtin', 'patched')
 
 

@@ -73,8 +73,9 @@ def dataset_arguments(args: argparse.Namespace) -> List[str]:
 
 
 def dataset_stamp(args: argparse.Namespace) -> dict:
-    """What identifies the demo's dataset: the generator's and create_data's options."""
-    return dict(generator=dataset_arguments(args), infos='--max-sweeps 3')
+    """What identifies the demo's dataset: the generator's version and options, and create_data's options."""
+    from tools.data_converter.synthetic.generator import GENERATOR_VERSION
+    return dict(generator=dataset_arguments(args), generator_version=GENERATOR_VERSION, infos='--max-sweeps 3')
 
 
 def prepare_data(args: argparse.Namespace, total: int) -> None:

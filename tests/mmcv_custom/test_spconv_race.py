@@ -1,12 +1,11 @@
 """spconv's CPU scatter-add is replaced by a race-free one: sparse convs match dense convs under CPU load.
 
 spconv 2.3's own ``scatter_add_cpu`` shares its row pointers between OpenMP
-threads; with two threads and two load processes, 15 of 50 demo-encoder runs
-and 32 of 50 R50-encoder runs had at least one layer wrong
-(``tools/check_spconv_race.py``). These tests run the same check, 6 runs per
-encoder, under the same load, so on a machine where the race reproduces they
-fail on the unpatched kernel with a probability of about 0.9 (demo) and
-0.998 (R50).
+threads; with two threads and two load processes, 32 of 50 runs of the R50
+config's sparse encoder had at least one layer wrong
+(``tools/check_spconv_race.py``). This test runs the same check, 6 runs, under
+the same load, so on a machine where the race reproduces it fails on the
+unpatched kernel with a probability of about 0.998.
 """
 import multiprocessing
 

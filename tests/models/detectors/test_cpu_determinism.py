@@ -1,10 +1,11 @@
-"""The demo model is deterministic on CPU: the same input gives bit-identical outputs and losses.
+"""CMT is deterministic on CPU: the same input gives bit-identical outputs, losses and gradients.
 
 Run-to-run differences on CPU were once blamed on "spconv's accumulation
 order"; they were spconv 2.3's CPU scatter-add race (issue 16,
 ``mmcv_custom/spconv_cpu_scatter.py``). With it replaced, nothing in a forward
 pass depends on thread timing.
 """
+import numpy as np
 import pytest
 import torch
 from mmcv import Config
@@ -15,21 +16,27 @@ import projects.mmdet3d_plugin  # noqa: F401
 DEMO_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny.py'
 
 
-@pytest.fixture(scope='module')
-def demo_model():
-    cfg = Config.fromfile(DEMO_CONFIG)
+def _build(cfg):
     torch.manual_seed(0)
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     model.init_weights()
     return model
 
 
-def test_two_inference_passes_are_bit_identical(demo_model, cmt_test_data):
+@pytest.fixture(scope='module', params=['demo', 'r50'])
+def model(request, cmt_test_data):
+    """The demo model (pillars), and the R50 fusion model at a reduced size (spconv's sparse encoder)."""
+    if request.param == 'demo':
+        return _build(Config.fromfile(DEMO_CONFIG))
+    return _build(cmt_test_data['reduced_config']('cmt_voxel0100_r50_800x320_cbgs'))
+
+
+def test_two_inference_passes_are_bit_identical(model, cmt_test_data):
     torch.manual_seed(1)
     data = cmt_test_data['random_batch'](num_boxes=(4, 3))
-    demo_model.eval()
+    model.eval()
     with torch.no_grad():
-        runs = [demo_model.simple_test(data['points'], data['img_metas'], img=data['img']) for _ in range(2)]
+        runs = [model.simple_test(data['points'], data['img_metas'], img=data['img']) for _ in range(2)]
     for first, second in zip(*runs):
         boxes = first['pts_bbox']
         assert len(boxes['scores_3d']) > 0
@@ -38,17 +45,19 @@ def test_two_inference_passes_are_bit_identical(demo_model, cmt_test_data):
         assert torch.equal(boxes['labels_3d'], second['pts_bbox']['labels_3d'])
 
 
-def test_two_training_passes_give_bit_identical_losses_and_gradients(demo_model, cmt_test_data):
+def test_two_training_passes_give_bit_identical_losses_and_gradients(model, cmt_test_data):
     torch.manual_seed(2)
     data = cmt_test_data['random_batch'](num_boxes=(4, 3))
     runs = []
     for _ in range(2):
         torch.manual_seed(3)  # dropout and DN noise
-        outputs = cmt_test_data['train_step'](demo_model, data)
-        grads = {name: p.grad.clone() for name, p in demo_model.named_parameters() if p.grad is not None}
+        np.random.seed(3)  # GridMask (the R50 config)
+        outputs = cmt_test_data['train_step'](model, data)
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         runs.append((outputs['log_vars'], grads))
     (logs, grads), (logs_again, grads_again) = runs
     assert logs == logs_again
-    assert grads.keys() == grads_again.keys() and any('pts_middle_encoder' in name for name in grads)
+    assert grads.keys() == grads_again.keys() and any(name.startswith('pts_voxel_encoder') or
+                                                      name.startswith('pts_middle_encoder') for name in grads)
     for name, grad in grads.items():
         assert torch.equal(grad, grads_again[name]), name
