@@ -12,7 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.datasets.pipelines.corruption import SensorCorruption
 from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import routing_of
-from projects.mmdet3d_plugin.models.detectors.cmt import sparse_encoder_bev_shape
+from projects.mmdet3d_plugin.models.detectors.cmt import middle_encoder_bev_shape, sparse_encoder_bev_shape
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +84,20 @@ def test_a_frame_without_points_gets_the_encoder_output_of_no_voxels(lidar, cmt_
     reference = lidar.encode_voxels(*lidar.voxelize(points), batch_size=2)
     assert encoded.shape == reference.shape == (2, *sparse_encoder_bev_shape(lidar.pts_middle_encoder))
     assert not encoded.any()
+
+
+def test_a_pillar_model_without_points_gets_an_empty_bev_map_of_the_right_shape(cmt_test_data):
+    """The demo model encodes the LiDAR as pillars (PointPillarsScatter): no points -> zeros of its BEV shape."""
+    from mmcv import Config
+    from mmdet3d.models import build_model
+    cfg = Config.fromfile('configs/demo/cmt_synthetic_tiny.py')
+    demo = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg')).eval()
+    assert middle_encoder_bev_shape(demo.pts_middle_encoder) == (64, 128, 128)
+    data = cmt_test_data['random_batch']((3, 2), with_camera=False)
+    with torch.no_grad():
+        empty = demo.encode_voxels(*demo.voxelize([_no_points(), _no_points()]), batch_size=2)
+        full = demo.encode_voxels(*demo.voxelize(data['points']), batch_size=2)
+    assert empty.shape == full.shape == (2, 64, 128, 128) and not empty.any() and full.any()
 
 
 def test_batches_without_points_give_finite_boxes_and_losses(fusion, cmt_test_data):

@@ -158,7 +158,7 @@ class CmtDetector(MVXTwoStageDetector):
             Tensor: ``[bs, C * D, H, W]``; zero for the samples without voxels.
         """
         if len(voxels) == 0:  # spconv cannot run on an empty input; its output would be all zeros
-            channels, height, width = sparse_encoder_bev_shape(self.pts_middle_encoder)
+            channels, height, width = middle_encoder_bev_shape(self.pts_middle_encoder)
             return voxels.new_zeros(batch_size, channels, height, width)
         with self._single_voxel_batch_norm(len(voxels)):
             voxel_features = self.pts_voxel_encoder(voxels, num_points, coors)
@@ -298,6 +298,19 @@ class CmtDetector(MVXTwoStageDetector):
         """CMT has no test-time augmentation merge."""
         raise NotImplementedError(f'CmtDetector does not support test-time augmentation ({len(img_metas)} '
                                   f'augmentations given); set flip=False and one scale in MultiScaleFlipAug3D')
+
+
+def middle_encoder_bev_shape(encoder: nn.Module) -> Tuple[int, int, int]:
+    """``(C, H, W)`` of the BEV map the LiDAR middle encoder outputs, without running it.
+
+    mmdet3d's ``PointPillarsScatter`` (pillars) scatters ``in_channels``
+    features onto its ``output_shape`` grid; a spconv encoder is followed
+    through its convolutions (:func:`sparse_encoder_bev_shape`).
+    """
+    if hasattr(encoder, 'output_shape') and hasattr(encoder, 'in_channels') and not hasattr(encoder, 'sparse_shape'):
+        height, width = encoder.output_shape
+        return encoder.in_channels, height, width
+    return sparse_encoder_bev_shape(encoder)
 
 
 def sparse_encoder_bev_shape(encoder: nn.Module) -> Tuple[int, int, int]:
