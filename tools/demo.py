@@ -46,7 +46,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--data-root', default='data/synthetic_nuscenes', help='where the synthetic set is written')
     parser.add_argument('--work-dir', help='logs, checkpoints and metrics (default: work_dirs/demo_<model>)')
     parser.add_argument('--epochs', type=int, help="training epochs (default: the demo config's)")
-    parser.add_argument('--scenes', type=int, default=50, help='synthetic scenes (a fifth of them for validation)')
+    parser.add_argument('--scenes', type=int, default=100, help='synthetic scenes (a fifth of them for validation)')
     parser.add_argument('--samples', type=int, default=2, help='key frames per scene')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
     parser.add_argument('--cfg-options', nargs='+', default=[], help='passed on to tools/train.py and tools/test.py')

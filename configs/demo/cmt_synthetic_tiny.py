@@ -177,7 +177,7 @@ model = dict(
 optimizer = dict(type='AdamW', lr=1e-3, weight_decay=0.01)
 optimizer_config = dict(grad_clip=dict(max_norm=35, norm_type=2))
 lr_config = dict(policy='CosineAnnealing', warmup='linear', warmup_iters=50, warmup_ratio=0.1, min_lr_ratio=0.05)
-runner = dict(type='EpochBasedRunner', max_epochs=8)
+runner = dict(type='EpochBasedRunner', max_epochs=12)
 checkpoint_config = dict(interval=1, max_keep_ckpts=2)
 log_config = dict(interval=10, hooks=[dict(type='TextLoggerHook'), dict(type='TensorboardLoggerHook')])
 evaluation = dict(interval=1000)
