@@ -1,0 +1,83 @@
+"""tools/robustness_study.py: the --quick study end to end, and its summary of the seeds."""
+import json
+
+import pytest
+import torch
+from mmcv import Config
+
+from tools import demo
+from tools import robustness_study as study
+
+AQR_PREFIXES = tuple(f'pts_bbox_head.{name}.' for name in ('aqr_weight_generator', 'attention_bias_generator'))
+
+
+def _result(corruption, nds, mAP=0.1):
+    if nds is None:
+        return dict(corruption=corruption, status='failed', error='RuntimeError: x')
+    return dict(corruption=corruption, status='ok', NDS=nds, mAP=mAP)
+
+
+def test_summary_has_mean_range_and_per_seed_differences():
+    runs = dict(cmt=[{'clean': _result('clean', 0.30)}, {'clean': _result('clean', 0.20)}],
+                control=[{'clean': _result('clean', 0.40)}, {'clean': _result('clean', 0.10)}],
+                cmt_aqr=[{'clean': _result('clean', 0.50)}, {'clean': _result('clean', None)}])
+    row = study.summarise(runs, ['clean'])['clean']
+    assert row['control']['NDS'] == dict(mean=pytest.approx(0.25), min=0.10, max=0.40, n=2)
+    assert row['cmt_aqr']['NDS'] == dict(mean=0.50, min=0.50, max=0.50, n=1)  # the failed seed is left out
+    # differences are paired by seed: only seed 0 has both runs
+    assert row['aqr_minus_control']['NDS']['mean'] == pytest.approx(0.10)
+    assert row['aqr_minus_cmt']['NDS']['mean'] == pytest.approx(0.20)
+    assert row['aqr_minus_cmt']['NDS']['n'] == 1
+
+
+def test_modality_drop_probabilities_reach_the_training_pipeline():
+    cfg = Config.fromfile(demo.CONFIGS['cmt'])
+    study.set_modality_drop(cfg, 0.1, 0.4)
+    (step, ) = [step for step in cfg.data.train.pipeline if step['type'] == 'ModalMask3D']
+    assert (step['image_drop_prob'], step['points_drop_prob']) == (0.1, 0.4)
+    cfg.data.train.pipeline = [s for s in cfg.data.train.pipeline if s['type'] != 'ModalMask3D']
+    with pytest.raises(ValueError, match='no ModalMask3D'):
+        study.set_modality_drop(cfg, 0.1, 0.4)
+
+
+def _weights(path):
+    return torch.load(path, map_location='cpu')['state_dict']
+
+
+def test_quick_study_writes_tables_chart_and_pictures_and_freezes_all_but_aqr(tmp_path, capsys):
+    work, data = tmp_path / 'work', tmp_path / 'data'
+    argv = ['--quick', '--work-dir', str(work), '--data-root', str(data)]
+    study.main(argv)
+    report = work / 'report'
+    text = (report / 'study.md').read_text()
+    corruptions = list(study.QUICK_CORRUPTIONS)
+    for score in ('NDS', 'mAP'):
+        table = text.split(f'## {score}\n\n')[1].split('\n\n')[0].splitlines()
+        assert [line.split(' | ')[0].lstrip('| ') for line in table[2:]] == corruptions
+        assert all(len(line.split(' | ')) == 1 + len(study.MODELS) + 2 for line in table[2:])
+    summary = json.loads((report / 'study.json').read_text())['summary']
+    assert list(summary) == corruptions
+    for row in summary.values():
+        for model in study.MODELS:
+            for score in ('NDS', 'mAP'):
+                assert row[model][score]['n'] == 1 and 0.0 <= row[model][score]['mean'] <= 1.0
+        assert -1.0 <= row['aqr_minus_control']['NDS']['mean'] <= 1.0
+    assert (report / 'study_nds.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    for tag in ('object_drop_0p5', 'mixed_120'):
+        for kind in ('bev', 'cameras', 'bias'):
+            assert (report / f'study_{tag}_{kind}.png').exists()
+            assert f'(study_{tag}_{kind}.png)' in text
+
+    # stage 2 started from stage 1: CMT-AQR changed only its AQR modules (BatchNorm statistics kept),
+    # the control changed the detector itself
+    seed = work / 'seed0'
+    stage1 = _weights(seed / 'cmt' / 'epoch_2.pth')
+    aqr, control = _weights(seed / 'cmt_aqr' / 'epoch_1.pth'), _weights(seed / 'control' / 'epoch_1.pth')
+    assert set(aqr) - set(stage1) and all(key.startswith(AQR_PREFIXES) for key in set(aqr) - set(stage1))
+    assert all(torch.equal(aqr[key], value) for key, value in stage1.items())
+    assert any(not torch.equal(control[key], value) for key, value in stage1.items())
+
+    capsys.readouterr()
+    study.main(argv)  # a second run reuses every step
+    out = capsys.readouterr().out
+    assert out.count('exists') == 3 and out.count('has every corruption') == 3 and '$ ' not in out
