@@ -21,8 +21,9 @@ Steps, each printed as it starts and skipped when its output is already there (a
 4. every model (stage-1 CMT, control, CMT-AQR) evaluated by ``tools/eval_robustness.py``: the official
    nuScenes ``DetectionEval`` on the validation split, clean and under every corruption of its default list;
 5. ``study.md`` (NDS and mAP per corruption: mean and min–max over the seeds; CMT-AQR minus the control and
-   minus CMT, with the range of the per-seed differences), ``study.json``, a bar chart (``study_nds.png``) and
-   AQR routing pictures (``tools/visualize_aqr.py``, ``study_<corruption>_*.png``) of one validation sample
+   minus CMT, with the range of the per-seed differences), ``study.json``, a bar chart (``study_nds.png``), a table
+   of CMT-AQR's mean LiDAR and camera weights per corruption (best-scoring queries and all queries) and AQR
+   routing pictures (``tools/visualize_aqr.py``, ``study_<corruption>_*.png``) of one validation sample
    under the object failure and the mixed failure, written to ``--out``.
 
 ``--quick`` runs the same steps on a tiny set for a few iterations and four corruptions (the test suite
@@ -55,6 +56,8 @@ CONFIGS = dict(cmt=(demo.CONFIGS['cmt'], 1), control=(demo.CONFIGS['cmt'], 2),
 QUICK_CORRUPTIONS = (CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120')
 #: Routing pictures: the object failure and the mixed failure (the modes helper tools/eval_robustness.py lists).
 PICTURE_CORRUPTIONS = ('object_drop:0.5', 'mixed:120')
+#: The queries whose routing weights the routing table averages: the best-scoring ones of each sample.
+TOP_QUERIES = 20
 TOTAL_STEPS = 5
 
 
@@ -71,6 +74,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--lidar-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
                         'sample loses its points instead (upstream CMT: 0.25)')
     parser.add_argument('--corruptions', nargs='+', help="default: tools/eval_robustness.py's list")
+    parser.add_argument('--routing-samples', type=int, default=10, help='validation samples of the routing table')
     parser.add_argument('--picture-sample', type=int, default=0, help='validation sample of the routing pictures')
     parser.add_argument('--data-root', help='default: data/synthetic_study (--quick: data/synthetic_study_quick)')
     parser.add_argument('--work-dir', help='default: work_dirs/study (--quick: work_dirs/study_quick)')
@@ -247,8 +251,8 @@ def _epochs(count: int) -> str:
 
 
 def markdown_report(summary: Dict[str, dict], args: argparse.Namespace, minutes: float,
-                    pictures: Dict[str, List[str]]) -> str:
-    """The text of ``study.md``: setup, one NDS and one mAP table, the chart and the routing pictures."""
+                    routing: Dict[str, dict], pictures: Dict[str, List[str]]) -> str:
+    """The text of ``study.md``: setup, one NDS and one mAP table, the chart, the routing table and pictures."""
     lines = [
         '# Robustness study: CMT vs CMT-AQR vs a fine-tuning control', '',
         f'Written by `{args.command}` (seeds {" ".join(map(str, args.seeds))}; {minutes:.0f} min of steps on '
@@ -274,9 +278,19 @@ def markdown_report(summary: Dict[str, dict], args: argparse.Namespace, minutes:
             lines.append(f'| {corruption} | ' + ' | '.join(cells) + ' |')
         lines.append('')
     lines += ['![NDS per corruption and model, the seeds\' range as error bars](study_nds.png)', '']
+    lines += ['## Routing', '',
+              f'Mean AQR weights of CMT-AQR (seed {args.seeds[0]}) over the first '
+              f'{routing[args.corruptions[0]]["samples"]} validation samples: of the {TOP_QUERIES} best-scoring '
+              'queries of each sample (those that make the detections) and of all queries. 1 trusts the modality '
+              'fully.', '',
+              f'| corruption | LiDAR, top {TOP_QUERIES} | camera, top {TOP_QUERIES} | LiDAR, all | camera, all |',
+              '|---|---:|---:|---:|---:|']
+    for corruption in args.corruptions:
+        weights = [routing[corruption][group][modality] for group in ('top', 'all') for modality in ('lidar', 'camera')]
+        lines.append(f'| {corruption} | ' + ' | '.join(f'{weight:.3f}' for weight in weights) + ' |')
+    lines.append('')
     if pictures:
-        lines += ['## Routing', '',
-                  f'CMT-AQR (seed {args.seeds[0]}) on validation sample {args.picture_sample}: LiDAR weight of each '
+        lines += [f'CMT-AQR (seed {args.seeds[0]}) on validation sample {args.picture_sample}: LiDAR weight of each '
                   'query in the BEV (with the points that are left, ground truth green, predictions red), camera '
                   'weight of each query in the camera that sees it, and the attention bias of the highest-scoring '
                   'query (`tools/visualize_aqr.py`).', '']
@@ -308,6 +322,54 @@ def bar_chart(summary: Dict[str, dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def routing_weights(args: argparse.Namespace, checkpoint: str) -> Dict[str, dict]:
+    """CMT-AQR's mean LiDAR and camera weights per corruption over the first ``--routing-samples`` val samples.
+
+    ``top`` averages the :data:`TOP_QUERIES` best-scoring queries of each sample (those that make the
+    detections), ``all`` every query. Cached in ``<checkpoint dir>/routing.json``.
+
+    Returns:
+        dict[str, dict]: corruption -> ``{'top': {'lidar': w, 'camera': w}, 'all': {...}, 'samples': n}``.
+    """
+    cache = osp.join(REPO_ROOT, osp.dirname(checkpoint), 'routing.json')
+    table = demo.read_json(cache) if osp.exists(cache) else {}
+    missing = [corruption for corruption in args.corruptions if corruption not in table]
+    if not missing:
+        return table
+    import torch
+    from mmdet.utils import get_root_logger
+    from mmdet3d.datasets import build_dataset
+
+    from projects.mmdet3d_plugin.apis.decoder_capture import query_scores
+    from projects.mmdet3d_plugin.apis.testing import (apply_corruption, build_test_model, load_test_config,
+                                                      prepare_test_config)
+    from tools.visualize_aqr import run_sample
+    start = time.time()
+    cfg = load_test_config(osp.join(REPO_ROOT, config_path(osp.dirname(checkpoint), 'cmt_aqr')))
+    prepare_test_config(cfg)
+    logger = get_root_logger(log_level=cfg.log_level)
+    detector = None
+    for corruption in missing:
+        corrupted = apply_corruption(cfg, None if corruption == CLEAN else corruption, logger=logger)
+        dataset = build_dataset(corrupted.data.test)
+        detector = detector or build_test_model(cfg, osp.join(REPO_ROOT, checkpoint), dataset.CLASSES, logger)
+        weights = dict(top=dict(lidar=[], camera=[]), all=dict(lidar=[], camera=[]))
+        for index in range(min(args.routing_samples, len(dataset))):
+            run = run_sample(detector, dataset, index)
+            top = query_scores(run.snapshot.preds_dicts)[0][0].topk(TOP_QUERIES).indices
+            for modality in ('lidar', 'camera'):
+                values = getattr(run.snapshot.routing, f'{modality}_weights')[0].float()
+                weights['top'][modality].append(values[top].mean().item())
+                weights['all'][modality].append(values.mean().item())
+        table[corruption] = {group: {modality: statistics.fmean(values) for modality, values in pair.items()}
+                             for group, pair in weights.items()}
+        table[corruption]['samples'] = len(weights['all']['lidar'])
+        print(f'  routing under {corruption}: {table[corruption]}', flush=True)
+    demo.write_json(cache, table)
+    record_seconds(args, f'routing {checkpoint}', time.time() - start)
+    return table
 
 
 def _known_corruption(spec: str) -> bool:
@@ -369,13 +431,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
     os.makedirs(osp.join(REPO_ROOT, args.out), exist_ok=True)
     summary = summarise(runs, args.corruptions)
     bar_chart(summary, osp.join(REPO_ROOT, args.out, 'study_nds.png'))
+    routing = routing_weights(args, first_aqr)
     pictures = routing_pictures(args, first_aqr)
     minutes = total_minutes(args)
-    report = markdown_report(summary, args, minutes, pictures)
+    report = markdown_report(summary, args, minutes, routing, pictures)
     with open(osp.join(REPO_ROOT, args.out, 'study.md'), 'w') as f:
         f.write(report)
     with open(osp.join(REPO_ROOT, args.out, 'study.json'), 'w') as f:
-        json.dump(dict(vars(args), summary=summary, runs=runs, minutes=minutes), f, indent=2)
+        json.dump(dict(vars(args), summary=summary, runs=runs, routing=routing, minutes=minutes), f, indent=2)
     print(report)
     print(f'study: {minutes:.1f} min; report {osp.join(args.out, "study.md")}', flush=True)
     return summary

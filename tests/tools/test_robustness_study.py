@@ -62,6 +62,11 @@ def test_quick_study_writes_tables_chart_and_pictures_and_freezes_all_but_aqr(tm
             for score in ('NDS', 'mAP'):
                 assert row[model][score]['n'] == 1 and 0.0 <= row[model][score]['mean'] <= 1.0
         assert -1.0 <= row['aqr_minus_control']['NDS']['mean'] <= 1.0
+    routing = json.loads((report / 'study.json').read_text())['routing']
+    for corruption in corruptions:
+        row = routing[corruption]
+        assert row['samples'] == 2 and f'| {corruption} | {row["top"]["lidar"]:.3f} |' in text
+        assert all(0.0 <= row[group][modality] <= 1.0 for group in ('top', 'all') for modality in ('lidar', 'camera'))
     assert (report / 'study_nds.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     for tag in ('object_drop_0p5', 'mixed_120'):
         for kind in ('bev', 'cameras', 'bias'):
