@@ -1,12 +1,12 @@
 """Does per-query routing pay under sensor failures? CMT vs CMT-AQR vs a fine-tuning control, one command.
 
     python tools/robustness_study.py [--quick] [--seeds 0 1] [--work-dir work_dirs/study] [--out docs/robustness]
-    make study [STUDY_ARGS="--seeds 0 1 2"]
+    make study [STUDY_ARGS="--seeds 0 1 2"]     # study.md states the wall time its run took
 
 Steps, each printed as it starts and skipped when its output is already there (a second run continues):
 
-1. one synthetic nuScenes set, twice the demo's (``--scenes 100``, a fifth for validation; the demo's generator
-   options, ``tools/demo.py``);
+1. one synthetic nuScenes set, larger than the demo's (``--scenes 150``, a fifth for validation; the demo's
+   generator options, ``tools/demo.py``);
 2. per seed, **stage 1**: the demo CMT (``configs/demo/cmt_synthetic_tiny.py``) trained with the training
    pipeline's ``ModalMask3D`` modality drop (``--image-drop`` / ``--lidar-drop``: upstream CMT's 0.25 each, at
    most one modality per sample) for ``--stage1-epochs``. Each seed trains its own stage 1, so the spread over
@@ -66,7 +66,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--quick', action='store_true', help='a tiny set, a few iterations, four corruptions')
     parser.add_argument('--seeds', type=int, nargs='+', help='training seeds (default: 0 1; --quick: 0)')
     parser.add_argument('--scenes', type=int, help='synthetic scenes of 2 samples, a fifth for validation '
-                        '(default 100, twice the demo; --quick: 2)')
+                        '(default 150, the demo has 100; --quick: 2)')
     parser.add_argument('--stage1-epochs', type=int, help='CMT training epochs (default 12; --quick: 2)')
     parser.add_argument('--stage2-epochs', type=int, help='epochs of CMT-AQR and of the control (default 4)')
     parser.add_argument('--image-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
@@ -83,7 +83,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.command = ' '.join(['python tools/robustness_study.py'] + list(sys.argv[1:] if argv is None else argv))
     quick = args.quick
     args.seeds = args.seeds or ([0] if quick else [0, 1])
-    args.scenes = args.scenes or (2 if quick else 100)
+    args.scenes = args.scenes or (2 if quick else 150)
     args.stage1_epochs = args.stage1_epochs or (2 if quick else 12)
     args.stage2_epochs = args.stage2_epochs or (1 if quick else 4)
     args.corruptions = list(args.corruptions or (QUICK_CORRUPTIONS if quick else DEFAULT_CORRUPTIONS))
