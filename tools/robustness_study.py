@@ -10,7 +10,7 @@ Steps, each printed as it starts and skipped when its output is already there (a
 2. per seed, **stage 1**: the demo CMT (``configs/demo/cmt_synthetic_tiny.py``) trained with the training
    pipeline's ``ModalMask3D`` modality drop (``--image-drop`` / ``--lidar-drop``: upstream CMT's 0.25 each, at
    most one modality per sample) for ``--stage1-epochs``. Each seed trains its own stage 1, so the spread over
-   the seeds covers the whole recipe, not only stage 2;
+   the seeds covers the whole recipe, not only stage 2 (``--shared-stage1``: one stage 1, of the first seed);
 3. per seed, **stage 2** from that checkpoint, ``--stage2-epochs`` each, same data and modality drop:
    (a) **CMT-AQR** (``configs/demo/cmt_aqr_synthetic_tiny_stage2.py``): the CMT checkpoint loaded non-strictly
    (the AQR modules are not in it and keep their initialisation), only the AQR weight generator and the
@@ -69,6 +69,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         '(default 150, the demo has 100; --quick: 2)')
     parser.add_argument('--stage1-epochs', type=int, help='CMT training epochs (default 12; --quick: 2)')
     parser.add_argument('--stage2-epochs', type=int, help='epochs of CMT-AQR and of the control (default 4)')
+    parser.add_argument('--shared-stage1', action='store_true', help='train stage 1 once (first seed) and start '
+                        'every seed\'s stage 2 from it (the spread then covers stage 2 only)')
     parser.add_argument('--image-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
                         'sample loses its images (upstream CMT: 0.25)')
     parser.add_argument('--lidar-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
@@ -253,13 +255,15 @@ def _epochs(count: int) -> str:
 def markdown_report(summary: Dict[str, dict], args: argparse.Namespace, minutes: float,
                     routing: Dict[str, dict], pictures: Dict[str, List[str]]) -> str:
     """The text of ``study.md``: setup, one NDS and one mAP table, the chart, the routing table and pictures."""
+    stage1 = (f'once (seed {args.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 only'
+              if args.shared_stage1 else 'per seed')
     lines = [
         '# Robustness study: CMT vs CMT-AQR vs a fine-tuning control', '',
         f'Written by `{args.command}` (seeds {" ".join(map(str, args.seeds))}; {minutes:.0f} min of steps on '
         f'this machine). Numbers are the official nuScenes `DetectionEval` on the validation split of one '
         f'synthetic nuScenes set of {args.scenes} scenes x 2 samples (a fifth of the scenes for validation), '
         f'mean over the seeds with the min … max in brackets.', '',
-        f'- stage 1, per seed: CMT (`{CONFIGS["cmt"][0]}`) trained {_epochs(args.stage1_epochs)} with ModalMask3D '
+        f'- stage 1, {stage1}: CMT (`{CONFIGS["cmt"][0]}`) trained {_epochs(args.stage1_epochs)} with ModalMask3D '
         f'modality drop (images dropped with probability {args.image_drop}, else points with probability '
         f'{args.lidar_drop});',
         f'- stage 2 from that checkpoint, {_epochs(args.stage2_epochs)} each, same data and modality drop: '
@@ -415,9 +419,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
     first_aqr = None
     for seed in args.seeds:
         seed_dir = osp.join(args.work_dir, f'seed{seed}')
+        stage1_seed = args.seeds[0] if args.shared_stage1 else seed
         demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 1, {LABELS["cmt"]} with modality drop '
-                    f'({args.stage1_epochs} epochs)')
-        checkpoints = dict(cmt=train(args, 'cmt', osp.join(seed_dir, 'cmt'), args.stage1_epochs, seed))
+                    f'({args.stage1_epochs} epochs, seed {stage1_seed})')
+        stage1_dir = osp.join(args.work_dir, f'seed{stage1_seed}', 'cmt')
+        checkpoints = dict(cmt=train(args, 'cmt', stage1_dir, args.stage1_epochs, stage1_seed))
         for name in ('cmt_aqr', 'control'):
             demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 2, {LABELS[name]} ({args.stage2_epochs} epochs)')
             checkpoints[name] = train(args, name, osp.join(seed_dir, name), args.stage2_epochs, seed,
@@ -426,7 +432,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
         for name in MODELS:
             demo.banner(4, TOTAL_STEPS, f'seed {seed}: {LABELS[name]} clean and under '
                         f'{len(args.corruptions) - 1} corruptions')
-            runs[name].append(evaluate(args, name, checkpoints[name], osp.join(seed_dir, name, 'robustness')))
+            runs[name].append(evaluate(args, name, checkpoints[name],
+                                       osp.join(osp.dirname(checkpoints[name]), 'robustness')))
     demo.banner(5, TOTAL_STEPS, f'report, chart and routing pictures in {args.out}')
     os.makedirs(osp.join(REPO_ROOT, args.out), exist_ok=True)
     summary = summarise(runs, args.corruptions)
