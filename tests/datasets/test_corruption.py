@@ -12,7 +12,8 @@ from projects.mmdet3d_plugin.datasets.camera_geometry import lidar2cam_from_sens
 from projects.mmdet3d_plugin.datasets.corruption_config import corrupt_config, insert_corruption
 from projects.mmdet3d_plugin.datasets.box_geometry import points_in_boxes
 from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, axis_angle_rotation,
-                                                                   camera_forward_yaw, enlarged_boxes, kept_beams,
+                                                                   boxes_at_time_lag, camera_forward_yaw,
+                                                                   enlarged_boxes, kept_beams,
                                                                    parse_corruption, points_in_sweep_frames)
 
 SAMPLE = 0  # val sample 0 of the synthetic set
@@ -108,6 +109,8 @@ def test_insertion_goes_after_the_loaders_and_before_test_time_augmentation(cmt)
     assert types == ['LoadPointsFromFile', 'LoadPointsFromMultiSweeps', 'LoadMultiViewImageFromFiles',
                      'SensorCorruption', 'MultiScaleFlipAug3D']
     assert corrupted[3] == dict(type='SensorCorruption', mode='beams', keep_beams=8, seed=3, sweep_time_column=4)
+    assert insert_corruption(pipeline, 'object_drop:0.5')[3]['sweep_time_column'] == 4
+    assert 'sweep_time_column' not in insert_corruption(pipeline, 'points:0.5')[3]
     collect = corrupted[4]['transforms'][-1]
     assert collect['type'] == 'Collect3D' and CORRUPTION_KEY in collect['meta_keys']
     assert pipeline == cmt.test_pipeline()  # the input is not modified
@@ -284,12 +287,23 @@ def test_object_drop_removes_the_points_of_the_drawn_objects_only(run_test_pipel
     assert len(dropped) == {0.0: 0, 1.0: len(boxes)}.get(probability, len(dropped))
     if probability == 0.5:
         assert 0 < len(dropped) < len(boxes)
-    inside = points_in_boxes(clean_points[:, :3].numpy(), enlarged_boxes(boxes[dropped], 0.25)).any(1)
+    inside = _in_boxes_at_their_time(clean_points.numpy(), enlarged_boxes(boxes[dropped], 0.25))
     assert torch.equal(points, clean_points[torch.from_numpy(~inside)])
-    if dropped:  # the drawn objects had points, and none is left inside their (unenlarged) boxes
+    if dropped:  # the drawn objects had points, and none is left inside their (unenlarged) boxes at its time
         assert inside.sum() > 0
-        assert not points_in_boxes(points[:, :3].numpy(), boxes[dropped]).any()
+        assert not _in_boxes_at_their_time(points.numpy(), boxes[dropped]).any()
+    if probability == 1.0:  # objects move: boxes that stay put in the sweeps would keep some of their points
+        assert (points_in_boxes(clean_points[:, :3].numpy(), enlarged_boxes(boxes, 0.25)).any(1) != inside).any()
     assert torch.equal(img, clean_img)
+
+
+def _in_boxes_at_their_time(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """``[N]`` bool: the points ``[N, 5]`` (sweep time lag last) inside a box moved to where it was at their time."""
+    inside = np.zeros(len(points), dtype=bool)
+    for time_lag in np.unique(points[:, 4]):
+        selected = points[:, 4] == time_lag
+        inside[selected] = points_in_boxes(points[selected, :3], boxes_at_time_lag(boxes, time_lag)).any(1)
+    return inside
 
 
 def test_object_drop_needs_the_ground_truth_boxes():
@@ -302,6 +316,31 @@ def test_object_drop_needs_the_ground_truth_boxes():
     assert np.allclose(grown, [[5.0, 0.0, -1.25, 4.5, 2.5, 2.0, 0.3]]) and np.allclose(boxes[0, 2], -1.0)
     with pytest.raises(ValueError, match='object_margin must be >= 0'):
         build_from_cfg(dict(type='SensorCorruption', mode='object_drop', drop_prob=0.5, object_margin=-1), PIPELINES)
+
+
+def test_object_drop_tests_each_sweep_against_the_boxes_at_its_time():
+    """A box moving at 10 m/s along x: a sweep 0.3 s old saw it 3 m further back."""
+    box = np.array([[10.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.0, 10.0, 0.0]])
+    rows = [[10.0, 0.0, 0.5, 0.0],  # key frame, in the box: dropped
+            [7.0, 0.0, 0.5, 0.0],  # key frame, behind the box: kept
+            [7.0, 0.0, 0.5, 0.3],  # sweep 0.3 s old, in the box as it was then: dropped
+            [10.0, 0.0, 0.5, 0.3],  # sweep 0.3 s old, where the box is now but was not then: kept
+            [30.0, 0.0, 0.5, 0.3]]  # far away: kept
+    points = LiDARPoints(torch.tensor(rows), points_dim=4)
+    results = dict(points=points, sample_idx='a', ann_info=dict(gt_bboxes_3d=box))
+
+    def kept(**options):
+        corruption = build_from_cfg(dict(type='SensorCorruption', mode='object_drop', drop_prob=1.0, **options),
+                                    PIPELINES)
+        return corruption(dict(results))['points'].tensor[:, :2].tolist()
+
+    assert kept(sweep_time_column=3) == [[7.0, 0.0], [10.0, 0.0], [30.0, 0.0]]
+    assert kept() == [[7.0, 0.0], [7.0, 0.0], [30.0, 0.0]]  # without the time, every point against today's box
+    assert kept(sweep_time_column=3, object_margin=1.5) == [[30.0, 0.0]]  # 1.5 m margin: the boxes reach 7 and 10
+    static = box.copy()
+    static[0, 7] = np.nan  # an unknown velocity counts as standing still
+    results['ann_info'] = dict(gt_bboxes_3d=static)
+    assert kept(sweep_time_column=3) == [[7.0, 0.0], [7.0, 0.0], [30.0, 0.0]]
 
 
 def test_camera_fail_blacks_out_a_random_reproducible_set_of_views(run_test_pipeline, cmt):

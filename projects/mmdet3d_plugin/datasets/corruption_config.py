@@ -21,6 +21,8 @@ from .pipelines.corruption import CORRUPTION_KEY, parse_corruption
 #: The loading step each corrupted input needs.
 REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}
 SWEEP_LOADER = 'LoadPointsFromMultiSweeps'
+#: Corruption modes that need the sweep time of each point (``SensorCorruption``'s ``sweep_time_column``).
+TIME_AWARE_MODES = ('beams', 'object_drop')
 #: Dataset splits whose pipelines ``corrupt_config`` rewrites.
 CORRUPTED_SPLITS = ('val', 'test')
 
@@ -37,7 +39,8 @@ def sweep_time_column(sweep_loader: Dict) -> int:
     time_dim = sweep_loader.get('time_dim', _default_argument(SWEEP_LOADER, 'time_dim'))
     if time_dim not in use_dim:
         raise ValueError(f'{SWEEP_LOADER}(use_dim={use_dim}, time_dim={time_dim}) drops the sweep time, which the '
-                         f'beams corruption needs to map each sweep back to its own LiDAR frame')
+                         f'beams corruption needs to map each sweep back to its own LiDAR frame (and object_drop '
+                         f'to place each sweep\'s boxes)')
     return use_dim.index(time_dim)
 
 
@@ -56,7 +59,7 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
     """A copy of the test ``pipeline`` with the corruption right after its loading steps.
 
     Also adds ``'corruption'`` to the ``meta_keys`` of every ``Collect3D``,
-    and for ``beams`` sets ``sweep_time_column`` from the pipeline's
+    and for ``beams`` and ``object_drop`` sets ``sweep_time_column`` from the pipeline's
     ``LoadPointsFromMultiSweeps`` (unless given).
 
     Args:
@@ -76,7 +79,8 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
     types = [step.get('type') for step in steps]
     if transform['type'] in types:
         raise ValueError(f'the pipeline already holds a {transform["type"]}: {types}')
-    if transform.get('mode') == 'beams' and SWEEP_LOADER in types and 'sweep_time_column' not in transform:
+    if (transform.get('mode') in TIME_AWARE_MODES and SWEEP_LOADER in types
+            and 'sweep_time_column' not in transform):
         transform['sweep_time_column'] = sweep_time_column(steps[types.index(SWEEP_LOADER)])
     corruption_step = Compose([transform]).transforms[0]
     for input_key in corruption_step.input_keys:

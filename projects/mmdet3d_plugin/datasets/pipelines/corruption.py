@@ -18,7 +18,9 @@ test pipeline (``datasets/corruption_config.py`` puts it there):
 * ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
 * ``object_drop:P``: each ground-truth object, with probability ``P``, loses
   every LiDAR point inside its box enlarged by ``object_margin`` (key frame and
-  sweeps; the margin covers the object's motion between sweeps). The boxes
+  sweeps; with ``sweep_time_column``, each sweep's points are tested against
+  the boxes moved back by the objects' annotated velocity times the sweep's
+  time lag, as the sweeps undo the ego motion only). The boxes
   come from ``results['ann_info']`` (``CustomNuScenesDataset`` provides it at
   test time when the info file has annotations; the model never sees it).
 * ``camera_fail:P``: each camera view, independently with probability ``P``,
@@ -255,6 +257,17 @@ def axis_angle_rotation(axis: np.ndarray, angle_deg: float) -> np.ndarray:
     return np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross
 
 
+def boxes_at_time_lag(boxes: np.ndarray, time_lag: float) -> np.ndarray:
+    """LiDAR boxes ``[M, 9]`` (velocity ``vx, vy`` in m/s in columns 7, 8) where they were ``time_lag`` s earlier.
+
+    Constant velocity: the centres move by ``-time_lag * (vx, vy)``; an
+    unknown (NaN) velocity counts as 0.
+    """
+    moved = np.array(boxes, dtype=np.float64, copy=True)
+    moved[:, :2] -= time_lag * np.nan_to_num(moved[:, 7:9])
+    return moved
+
+
 def enlarged_boxes(boxes: np.ndarray, margin: float) -> np.ndarray:
     """LiDAR boxes ``[M, >=7]`` (bottom centre) grown by ``margin`` metres on every side, bottom included."""
     grown = np.array(boxes, dtype=np.float64, copy=True)
@@ -299,9 +312,10 @@ class SensorCorruption:
             (degrees from +x towards +y) instead of the camera's (for LiDAR-only pipelines; nuScenes: 90).
         lidar_beams (int): ``beams``: number of beams of the LiDAR (nuScenes: 32).
         elevation_range_deg (tuple[float, float]): ``beams``: elevations of its lowest and highest beam.
-        sweep_time_column (int, optional): ``beams``: the points' column holding the sweep time lag written
-            by ``LoadPointsFromMultiSweeps`` (``None``: no sweeps were loaded). The beam of a point is found
-            from its elevation in the LiDAR frame it was measured in, so the sweeps must be mapped back.
+        sweep_time_column (int, optional): ``beams``, ``object_drop``: the points' column holding the sweep
+            time lag written by ``LoadPointsFromMultiSweeps`` (``None``: no sweeps were loaded). The beam of a
+            point is found from its elevation in the LiDAR frame it was measured in, so the sweeps must be
+            mapped back; an object's sweep points lie where the object was at the sweep's time.
     """
 
     def __init__(self, mode: str, view: Optional[int] = None, fov_deg: Optional[float] = None,
@@ -460,7 +474,16 @@ class SensorCorruption:
         record.update(num_objects=int(len(boxes)), dropped_objects=dropped.tolist())
         if not len(dropped) or not len(points):
             return np.ones(len(points), dtype=bool)
-        return ~points_in_boxes(points[:, :3], enlarged_boxes(boxes[dropped], self.object_margin)).any(1)
+        grown = enlarged_boxes(boxes[dropped], self.object_margin)
+        if self.sweep_time_column is None or boxes.shape[1] < 9:
+            return ~points_in_boxes(points[:, :3], grown).any(1)
+        # each sweep against the boxes where the objects were at its time (the sweeps only undo the ego motion)
+        time_lags = points[:, self.sweep_time_column]
+        keep = np.ones(len(points), dtype=bool)
+        for time_lag in np.unique(time_lags):
+            selected = time_lags == time_lag
+            keep[selected] = ~points_in_boxes(points[selected, :3], boxes_at_time_lag(grown, time_lag)).any(1)
+        return keep
 
     def _forward_yaw(self, results: Dict) -> float:
         if self.forward_yaw_deg is not None:
