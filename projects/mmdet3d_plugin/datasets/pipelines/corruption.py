@@ -32,8 +32,9 @@ test pipeline (``datasets/corruption_config.py`` puts it there):
 * ``mixed:DEG``: a random azimuth ``a`` per sample; the LiDAR points within
   ``DEG / 2`` of ``a`` are removed and the cameras whose optical axis points
   within ``DEG / 2`` of the opposite direction ``a + 180`` are black
-  (``DEG <= 180``, so the two sectors never overlap): no single modality is
-  good everywhere.
+  (``DEG <= 180``, so the two sectors never overlap; every direction keeps a
+  modality while ``DEG`` plus half the widest camera's horizontal field of
+  view is at most 180): no single modality is good everywhere.
 
 Randomness (``points``, ``object_drop``, ``camera_fail``, ``extrinsic``,
 ``mixed``) is seeded per sample from ``seed`` and the sample token, so an
