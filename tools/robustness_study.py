@@ -7,17 +7,21 @@ Steps, each printed as it starts and skipped when its output is already there (a
 
 1. one synthetic nuScenes set, larger than the demo's (``--scenes 150``, a fifth for validation; the demo's
    generator options, ``tools/demo.py``);
-2. per seed, **stage 1**: the demo CMT (``configs/demo/cmt_synthetic_tiny.py``) trained with the training
-   pipeline's ``ModalMask3D`` modality drop (``--image-drop`` / ``--lidar-drop``: upstream CMT's 0.25 each, at
-   most one modality per sample) for ``--stage1-epochs``. Each seed trains its own stage 1, so the spread over
-   the seeds covers the whole recipe, not only stage 2 (``--shared-stage1``: one stage 1, of the first seed);
+2. per seed, **stage 1**: the baseline trained with the training pipeline's ``ModalMask3D`` modality drop
+   (``--image-drop`` / ``--lidar-drop``: upstream CMT's 0.25 each, at most one modality per sample) for
+   ``--stage1-epochs``. ``--baseline fixed_window`` (default): CMT with AQR's window bias held fixed, the
+   router frozen at its initialisation so every query trusts both modalities equally
+   (``configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py``: a locality prior without routing; the plain demo
+   CMT does not learn to detect within a CPU budget, docs/demo.md); ``--baseline cmt``: the plain demo CMT
+   (``configs/demo/cmt_synthetic_tiny.py``), the AQR modules then start from their initialisation in stage 2.
+   Each seed trains its own stage 1, so the spread over the seeds covers the whole recipe, not only stage 2
+   (``--shared-stage1``: one stage 1, of the first seed);
 3. per seed, **stage 2** from that checkpoint, ``--stage2-epochs`` each, same data and modality drop:
-   (a) **CMT-AQR** (``configs/demo/cmt_aqr_synthetic_tiny_stage2.py``): the CMT checkpoint loaded non-strictly
-   (the AQR modules are not in it and keep their initialisation), only the AQR weight generator and the
-   attention bias generator (with alpha) trained, everything else frozen with its BatchNorm statistics
-   (``FreezeParametersHook``; MoME's stage-2 recipe);
-   (b) the **control**: CMT fine-tuned, all parameters, for the same iterations, so that extra training is
-   not mistaken for routing;
+   (a) **CMT-AQR** (``configs/demo/cmt_aqr_synthetic_tiny_stage2.py``): the checkpoint loaded non-strictly,
+   only the AQR weight generator (the router) and the attention bias generator (with alpha) trained,
+   everything else frozen with its BatchNorm statistics (``FreezeParametersHook``; MoME's stage-2 recipe);
+   (b) the **control**: the stage-1 config trained further (every parameter it trains) for the same
+   iterations, so that extra training is not mistaken for routing;
 4. every model (stage-1 CMT, control, CMT-AQR) evaluated by ``tools/eval_robustness.py``: the official
    nuScenes ``DetectionEval`` on the validation split, clean and under every corruption of its default list;
 5. ``study.md`` (NDS and mAP per corruption: mean and min–max over the seeds; CMT-AQR minus the control and
@@ -47,12 +51,22 @@ if REPO_ROOT not in sys.path:
 from tools import demo  # noqa: E402
 from tools.eval_robustness import CLEAN, DEFAULT_CORRUPTIONS, SCORES  # noqa: E402
 
-#: The three models compared, in table order.
+#: The three models compared, in table order: stage 1, the control and CMT-AQR (both stage 2).
 MODELS = ('cmt', 'control', 'cmt_aqr')
-LABELS = dict(cmt='CMT (stage 1)', control='CMT fine-tuned (control)', cmt_aqr='CMT-AQR (AQR trained)')
-#: What trains each model: (config, stage). Stage 2 starts from the seed's stage-1 checkpoint.
-CONFIGS = dict(cmt=(demo.CONFIGS['cmt'], 1), control=(demo.CONFIGS['cmt'], 2),
-               cmt_aqr=('configs/demo/cmt_aqr_synthetic_tiny_stage2.py', 2))
+#: Per ``--baseline``: the config that stage 1 trains and the control trains further, and the table labels.
+BASELINES = dict(
+    fixed_window=dict(config='configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py',
+                      labels=dict(cmt='CMT + fixed window bias (stage 1)', control='fixed window, fine-tuned (control)',
+                                  cmt_aqr='CMT-AQR (router trained)'),
+                      short='stage 1',
+                      description='CMT with AQR\'s window bias held fixed: router and alpha frozen at their '
+                                  'initialisation, so every query trusts LiDAR and camera equally (weights 0.9 ± 0.01, '
+                                  'a +4 window bias) while everything else trains'),
+    cmt=dict(config=demo.CONFIGS['cmt'],
+             labels=dict(cmt='CMT (stage 1)', control='CMT fine-tuned (control)', cmt_aqr='CMT-AQR (AQR trained)'),
+             short='CMT', description='the plain demo CMT'))
+#: Stage 2 of CMT-AQR: only the router and alpha train.
+AQR_STAGE2_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_stage2.py'
 QUICK_CORRUPTIONS = (CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120')
 #: Routing pictures: the object failure and the mixed failure (the modes helper tools/eval_robustness.py lists).
 PICTURE_CORRUPTIONS = ('object_drop:0.5', 'mixed:120')
@@ -64,10 +78,12 @@ TOTAL_STEPS = 5
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='CMT vs CMT-AQR vs a fine-tuning control under sensor failures')
     parser.add_argument('--quick', action='store_true', help='a tiny set, a few iterations, four corruptions')
+    parser.add_argument('--baseline', choices=sorted(BASELINES), default='fixed_window',
+                        help='stage 1: CMT with a fixed AQR window bias (default) or the plain demo CMT')
     parser.add_argument('--seeds', type=int, nargs='+', help='training seeds (default: 0 1; --quick: 0)')
     parser.add_argument('--scenes', type=int, help='synthetic scenes of 2 samples, a fifth for validation '
                         '(default 150, the demo has 100; --quick: 2)')
-    parser.add_argument('--stage1-epochs', type=int, help='CMT training epochs (default 12; --quick: 2)')
+    parser.add_argument('--stage1-epochs', type=int, help='stage-1 training epochs (default 12; --quick: 2)')
     parser.add_argument('--stage2-epochs', type=int, help='epochs of CMT-AQR and of the control (default 4)')
     parser.add_argument('--shared-stage1', action='store_true', help='train stage 1 once (first seed) and start '
                         'every seed\'s stage 2 from it (the spread then covers stage 2 only)')
@@ -79,7 +95,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--routing-samples', type=int, default=10, help='validation samples of the routing table')
     parser.add_argument('--picture-sample', type=int, default=0, help='validation sample of the routing pictures')
     parser.add_argument('--data-root', help='default: data/synthetic_study (--quick: data/synthetic_study_quick)')
-    parser.add_argument('--work-dir', help='default: work_dirs/study (--quick: work_dirs/study_quick)')
+    parser.add_argument('--work-dir', help='default: work_dirs/study_<baseline> (--quick: work_dirs/study_quick)')
     parser.add_argument('--out', help='report folder (default: docs/robustness; --quick: <work dir>/report)')
     args = parser.parse_args(argv)
     args.command = ' '.join(['python tools/robustness_study.py'] + list(sys.argv[1:] if argv is None else argv))
@@ -92,7 +108,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if CLEAN not in args.corruptions:
         args.corruptions.insert(0, CLEAN)
     args.data_root = args.data_root or ('data/synthetic_study_quick' if quick else 'data/synthetic_study')
-    args.work_dir = args.work_dir or ('work_dirs/study_quick' if quick else 'work_dirs/study')
+    args.work_dir = args.work_dir or ('work_dirs/study_quick' if quick else f'work_dirs/study_{args.baseline}')
     args.out = args.out or (osp.join(args.work_dir, 'report') if quick else 'docs/robustness')
     return args
 
@@ -142,20 +158,30 @@ def set_modality_drop(cfg, image_drop: float, lidar_drop: float) -> None:
         step.update(image_drop_prob=image_drop, points_drop_prob=lidar_drop)
 
 
+def labels(args: argparse.Namespace) -> Dict[str, str]:
+    """The table label of each of :data:`MODELS` under ``--baseline``."""
+    return BASELINES[args.baseline]['labels']
+
+
+def model_config(args: argparse.Namespace, name: str) -> str:
+    """The config that trains model ``name``: stage 1 and the control the baseline's, CMT-AQR its stage 2."""
+    return AQR_STAGE2_CONFIG if name == 'cmt_aqr' else BASELINES[args.baseline]['config']
+
+
 def study_config(args: argparse.Namespace, name: str, epochs: int, load_from: Optional[str]):
-    """The mmcv ``Config`` that trains ``name`` (see :data:`CONFIGS`) on the study set."""
+    """The mmcv ``Config`` that trains ``name`` (see :func:`model_config`) on the study set."""
     from mmcv import Config
 
     from projects.mmdet3d_plugin.datasets.data_root_config import retarget_data_root
-    cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, CONFIGS[name][0])),
+    cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, model_config(args, name))),
                              osp.join(REPO_ROOT, args.data_root))
     set_modality_drop(cfg, args.image_drop, args.lidar_drop)
     cfg.merge_from_dict({'runner.max_epochs': epochs, 'checkpoint_config.max_keep_ckpts': 1, 'load_from': load_from})
     return cfg
 
 
-def config_path(work_dir: str, name: str) -> str:
-    return osp.join(work_dir, osp.basename(CONFIGS[name][0]))
+def config_path(args: argparse.Namespace, work_dir: str, name: str) -> str:
+    return osp.join(work_dir, osp.basename(model_config(args, name)))
 
 
 def train(args: argparse.Namespace, name: str, work_dir: str, epochs: int, seed: int,
@@ -172,7 +198,7 @@ def train(args: argparse.Namespace, name: str, work_dir: str, epochs: int, seed:
     if osp.exists(osp.join(REPO_ROOT, checkpoint)):
         print(f'  {checkpoint} exists', flush=True)
         return checkpoint
-    config = config_path(work_dir, name)
+    config = config_path(args, work_dir, name)
     cfg.dump(osp.join(REPO_ROOT, config))
     start = time.time()
     demo.run(['tools/train.py', config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
@@ -193,7 +219,7 @@ def evaluate(args: argparse.Namespace, name: str, checkpoint: str, out_dir: str)
         results = {result['corruption']: result for result in demo.read_json(report)['results']}
     if set(args.corruptions) - set(results):
         start = time.time()
-        demo.run(['tools/eval_robustness.py', config_path(osp.dirname(checkpoint), name), checkpoint, '--out',
+        demo.run(['tools/eval_robustness.py', config_path(args, osp.dirname(checkpoint), name), checkpoint, '--out',
                   out_dir, '--corruptions'] + args.corruptions)
         record_seconds(args, f'evaluate {out_dir}', time.time() - start)
         results = {result['corruption']: result for result in demo.read_json(report)['results']}
@@ -257,24 +283,28 @@ def markdown_report(summary: Dict[str, dict], args: argparse.Namespace, minutes:
     """The text of ``study.md``: setup, one NDS and one mAP table, the chart, the routing table and pictures."""
     stage1 = (f'once (seed {args.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 only'
               if args.shared_stage1 else 'per seed')
+    baseline = BASELINES[args.baseline]
+    names = labels(args)
     lines = [
         '# Robustness study: CMT vs CMT-AQR vs a fine-tuning control', '',
         f'Written by `{args.command}` (seeds {" ".join(map(str, args.seeds))}; {minutes:.0f} min of steps on '
         f'this machine). Numbers are the official nuScenes `DetectionEval` on the validation split of one '
         f'synthetic nuScenes set of {args.scenes} scenes x 2 samples (a fifth of the scenes for validation), '
         f'mean over the seeds with the min … max in brackets.', '',
-        f'- stage 1, {stage1}: CMT (`{CONFIGS["cmt"][0]}`) trained {_epochs(args.stage1_epochs)} with ModalMask3D '
-        f'modality drop (images dropped with probability {args.image_drop}, else points with probability '
-        f'{args.lidar_drop});',
+        f'- stage 1, {stage1}: {baseline["description"]} (`{baseline["config"]}`, `--baseline {args.baseline}`), '
+        f'trained {_epochs(args.stage1_epochs)} with ModalMask3D modality drop (images dropped with probability '
+        f'{args.image_drop}, else points with probability {args.lidar_drop});',
         f'- stage 2 from that checkpoint, {_epochs(args.stage2_epochs)} each, same data and modality drop: '
-        f'**CMT-AQR** (`{CONFIGS["cmt_aqr"][0]}`: only the AQR weight generator and the attention bias generator '
-        f'with alpha train, everything else frozen with its BatchNorm statistics) and the **control** (CMT, all '
-        f'parameters fine-tuned for the same iterations);',
-        '- the differences are per seed (CMT-AQR minus the control / minus CMT of the same seed), mean and range.',
+        f'**CMT-AQR** (`{AQR_STAGE2_CONFIG}`: only the AQR weight generator (the router) and the attention bias '
+        f'generator with alpha train, everything else frozen with its BatchNorm statistics) and the **control** '
+        f'(`{baseline["config"]}` trained further for the same iterations: every parameter it trains, no routing);',
+        f'- the differences are per seed (CMT-AQR minus the control / minus {baseline["short"]} of the same seed), '
+        f'mean and range.',
         '']
     for score in SCORES:
         lines += [f'## {score}', '',
-                  f'| corruption | {" | ".join(LABELS[m] for m in MODELS)} | CMT-AQR − control | CMT-AQR − CMT |',
+                  f'| corruption | {" | ".join(names[m] for m in MODELS)} | CMT-AQR − control | '
+                  f'CMT-AQR − {baseline["short"]} |',
                   '|---|' + '---:|' * (len(MODELS) + 2)]
         for corruption, row in summary.items():
             cells = [_cell(row[m][score]) for m in MODELS]
@@ -303,7 +333,7 @@ def markdown_report(summary: Dict[str, dict], args: argparse.Namespace, minutes:
     return '\n'.join(lines)
 
 
-def bar_chart(summary: Dict[str, dict], path: str) -> None:
+def bar_chart(summary: Dict[str, dict], names: Dict[str, str], path: str) -> None:
     """Grouped bars of the mean NDS per corruption and model, with the seeds' min … max as error bars."""
     import matplotlib
     matplotlib.use('Agg')
@@ -318,7 +348,7 @@ def bar_chart(summary: Dict[str, dict], path: str) -> None:
                   [s['max'] - s['mean'] if s else 0.0 for s in stats]]
         offset = (index - (len(MODELS) - 1) / 2) * width
         ax.bar([i + offset for i in range(len(corruptions))], means, width, yerr=errors, capsize=2,
-               label=LABELS[model])
+               label=names[model])
     ax.set_xticks(range(len(corruptions)))
     ax.set_xticklabels(corruptions, rotation=30, ha='right', fontsize=8)
     ax.set_ylabel('NDS (synthetic val)')
@@ -351,7 +381,7 @@ def routing_weights(args: argparse.Namespace, checkpoint: str) -> Dict[str, dict
                                                       prepare_test_config)
     from tools.visualize_aqr import run_sample
     start = time.time()
-    cfg = load_test_config(osp.join(REPO_ROOT, config_path(osp.dirname(checkpoint), 'cmt_aqr')))
+    cfg = load_test_config(osp.join(REPO_ROOT, config_path(args, osp.dirname(checkpoint), 'cmt_aqr')))
     prepare_test_config(cfg)
     logger = get_root_logger(log_level=cfg.log_level)
     detector = None
@@ -393,7 +423,7 @@ def routing_pictures(args: argparse.Namespace, checkpoint: str) -> Dict[str, Lis
     Returns:
         dict[str, list[str]]: corruption -> the file names written (relative to ``--out``).
     """
-    config = config_path(osp.dirname(checkpoint), 'cmt_aqr')
+    config = config_path(args, osp.dirname(checkpoint), 'cmt_aqr')
     written = {}
     for corruption in filter(_known_corruption, PICTURE_CORRUPTIONS):
         tag = corruption.replace(':', '_').replace('.', 'p')
@@ -420,24 +450,24 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
     for seed in args.seeds:
         seed_dir = osp.join(args.work_dir, f'seed{seed}')
         stage1_seed = args.seeds[0] if args.shared_stage1 else seed
-        demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 1, {LABELS["cmt"]} with modality drop '
+        demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 1, {labels(args)["cmt"]} with modality drop '
                     f'({args.stage1_epochs} epochs, seed {stage1_seed})')
         stage1_dir = osp.join(args.work_dir, f'seed{stage1_seed}', 'cmt')
         checkpoints = dict(cmt=train(args, 'cmt', stage1_dir, args.stage1_epochs, stage1_seed))
         for name in ('cmt_aqr', 'control'):
-            demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 2, {LABELS[name]} ({args.stage2_epochs} epochs)')
+            demo.banner(3, TOTAL_STEPS, f'seed {seed}: stage 2, {labels(args)[name]} ({args.stage2_epochs} epochs)')
             checkpoints[name] = train(args, name, osp.join(seed_dir, name), args.stage2_epochs, seed,
                                       load_from=checkpoints['cmt'])
         first_aqr = first_aqr or checkpoints['cmt_aqr']
         for name in MODELS:
-            demo.banner(4, TOTAL_STEPS, f'seed {seed}: {LABELS[name]} clean and under '
+            demo.banner(4, TOTAL_STEPS, f'seed {seed}: {labels(args)[name]} clean and under '
                         f'{len(args.corruptions) - 1} corruptions')
             runs[name].append(evaluate(args, name, checkpoints[name],
                                        osp.join(osp.dirname(checkpoints[name]), 'robustness')))
     demo.banner(5, TOTAL_STEPS, f'report, chart and routing pictures in {args.out}')
     os.makedirs(osp.join(REPO_ROOT, args.out), exist_ok=True)
     summary = summarise(runs, args.corruptions)
-    bar_chart(summary, osp.join(REPO_ROOT, args.out, 'study_nds.png'))
+    bar_chart(summary, labels(args), osp.join(REPO_ROOT, args.out, 'study_nds.png'))
     routing = routing_weights(args, first_aqr)
     pictures = routing_pictures(args, first_aqr)
     minutes = total_minutes(args)

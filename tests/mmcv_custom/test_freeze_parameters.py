@@ -71,6 +71,20 @@ def test_freeze_parameters_returns_both_sets_and_refuses_an_unknown_module():
         FreezeParametersHook(trainable=[])
 
 
+def test_frozen_names_the_modules_to_freeze_and_exactly_one_selection_is_given():
+    detector = _Detector()
+    kept, frozen = freeze_parameters(detector, frozen=['head.router'])
+    assert frozen == ['head.router.weight', 'head.router.bias']
+    assert 'head.router_extra.weight' in kept and 'backbone.0.weight' in kept
+    assert frozen_norm_layers(detector) == []  # the backbone's BatchNorm still trains
+    with pytest.raises(ValueError, match='exactly one'):
+        FreezeParametersHook(trainable=['head.router'], frozen=['head.cls'])
+    with pytest.raises(ValueError, match='exactly one'):
+        FreezeParametersHook()
+    with pytest.raises(ValueError, match='no parameter under'):
+        freeze_parameters(_Detector(), frozen=['head.routr'])
+
+
 def test_stage2_demo_config_trains_exactly_the_aqr_modules():
     from mmdet3d.models import build_model
     cfg = Config.fromfile('configs/demo/cmt_aqr_synthetic_tiny_stage2.py')  # imports the hook (custom_imports)
@@ -81,3 +95,14 @@ def test_stage2_demo_config_trains_exactly_the_aqr_modules():
     trainable = {name.split('.')[1] for name, p in detector.named_parameters() if p.requires_grad}
     assert trainable == {'aqr_weight_generator', 'attention_bias_generator'}
     assert any(name.endswith('bias_scale') for name, p in detector.named_parameters() if p.requires_grad)  # alpha
+
+
+def test_fixed_routing_demo_config_trains_everything_but_the_aqr_modules():
+    from mmdet3d.models import build_model
+    cfg = Config.fromfile('configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py')
+    detector = build_model(cfg.model)
+    (hook_cfg, ) = cfg.custom_hooks
+    HOOKS.build(hook_cfg).before_run(_runner(detector))
+    aqr_prefixes = ('pts_bbox_head.aqr_weight_generator.', 'pts_bbox_head.attention_bias_generator.')
+    assert any(name.endswith('bias_scale') for name, _ in detector.named_parameters())  # alpha stays fixed too
+    assert all(p.requires_grad != name.startswith(aqr_prefixes) for name, p in detector.named_parameters())

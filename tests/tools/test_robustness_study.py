@@ -40,6 +40,16 @@ def test_modality_drop_probabilities_reach_the_training_pipeline():
         study.set_modality_drop(cfg, 0.1, 0.4)
 
 
+def test_baselines_choose_stage1_and_control_configs():
+    fixed = study.parse_args(['--baseline', 'fixed_window'])
+    plain = study.parse_args(['--baseline', 'cmt'])
+    assert study.model_config(fixed, 'cmt') == study.model_config(fixed, 'control') == \
+        'configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py'
+    assert study.model_config(plain, 'cmt') == study.model_config(plain, 'control') == demo.CONFIGS['cmt']
+    assert study.model_config(fixed, 'cmt_aqr') == study.model_config(plain, 'cmt_aqr') == study.AQR_STAGE2_CONFIG
+    assert (fixed.work_dir, plain.work_dir) == ('work_dirs/study_fixed_window', 'work_dirs/study_cmt')
+
+
 def _weights(path):
     return torch.load(path, map_location='cpu')['state_dict']
 
@@ -73,14 +83,19 @@ def test_quick_study_writes_tables_chart_and_pictures_and_freezes_all_but_aqr(tm
             assert (report / f'study_{tag}_{kind}.png').exists()
             assert f'(study_{tag}_{kind}.png)' in text
 
-    # stage 2 started from stage 1: CMT-AQR changed only its AQR modules (BatchNorm statistics kept),
-    # the control changed the detector itself
+    # stage 1 (the default fixed_window baseline) kept its AQR modules at their initialisation; stage 2 started
+    # from it: CMT-AQR changed only its AQR modules (BatchNorm statistics kept), the control changed the
+    # detector itself and left the AQR modules alone
     seed = work / 'seed0'
     stage1 = _weights(seed / 'cmt' / 'epoch_2.pth')
     aqr, control = _weights(seed / 'cmt_aqr' / 'epoch_1.pth'), _weights(seed / 'control' / 'epoch_1.pth')
-    assert set(aqr) - set(stage1) and all(key.startswith(AQR_PREFIXES) for key in set(aqr) - set(stage1))
-    assert all(torch.equal(aqr[key], value) for key, value in stage1.items())
-    assert any(not torch.equal(control[key], value) for key, value in stage1.items())
+    assert set(aqr) == set(stage1) == set(control)
+    aqr_keys = {key for key in stage1 if key.startswith(AQR_PREFIXES)}
+    assert aqr_keys
+    changed_by_aqr = {key for key, value in stage1.items() if not torch.equal(aqr[key], value)}
+    changed_by_control = {key for key, value in stage1.items() if not torch.equal(control[key], value)}
+    assert changed_by_aqr and changed_by_aqr <= aqr_keys
+    assert changed_by_control and not changed_by_control & aqr_keys
 
     capsys.readouterr()
     study.main(argv)  # a second run reuses every step
