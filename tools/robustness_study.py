@@ -56,12 +56,12 @@ MODELS = ('cmt', 'control', 'cmt_aqr')
 #: Per ``--baseline``: the config that stage 1 trains and the control trains further, and the table labels.
 BASELINES = dict(
     fixed_window=dict(config='configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py',
-                      labels=dict(cmt='CMT + fixed window bias (stage 1)', control='fixed window, fine-tuned (control)',
-                                  cmt_aqr='CMT-AQR (router trained)'),
+                      labels=dict(cmt='CMT + fixed window bias (stage 1)',
+                                  control='fixed window, fine-tuned (control)', cmt_aqr='CMT-AQR (router trained)'),
                       short='stage 1',
                       description='CMT with AQR\'s window bias held fixed: router and alpha frozen at their '
-                                  'initialisation, so every query trusts LiDAR and camera equally (weights 0.9 ± 0.01, '
-                                  'a +4 window bias) while everything else trains'),
+                                  'initialisation, so every query trusts LiDAR and camera equally '
+                                  '(weights 0.9 ± 0.01, a +4 window bias) while everything else trains'),
     cmt=dict(config=demo.CONFIGS['cmt'],
              labels=dict(cmt='CMT (stage 1)', control='CMT fine-tuned (control)', cmt_aqr='CMT-AQR (AQR trained)'),
              short='CMT', description='the plain demo CMT'))
