@@ -33,6 +33,7 @@ queries and extrapolated, as labelled).
 import argparse
 import gc
 import json
+import math
 import os
 import os.path as osp
 import statistics
@@ -51,6 +52,8 @@ if REPO_ROOT not in sys.path:
 from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBias,  # noqa: E402
                                                UnsupportedAttentionError, WindowBias, apply_attention,
                                                select_backend)
+from projects.mmdet3d_plugin.attention.backends.exact_rows import ExactRowBudget, recompute_rows  # noqa: E402
+from projects.mmdet3d_plugin.attention.dispatch import _make_call  # noqa: E402
 
 #: (BEV rows, BEV cols), (camera views, rows, cols) of each key layout
 KEY_LAYOUTS = {
@@ -59,6 +62,10 @@ KEY_LAYOUTS = {
     'quick': ((12, 16), (2, 6, 10)),
 }
 BASELINE = 'bias-free SDPA'
+#: ``segment`` plus the work of its accelerator branch's exact recomputation at the initial budget
+#: (``ExactRowBudget.initial_share`` of the queries per sample, every one replaced): what a GPU pays per call
+#: until the budget has adapted (to 0 where no row needs it), timed and measured here on any device
+SEGMENT_WITH_RECOMPUTE = 'segment+recompute'
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
 
@@ -74,7 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--biases', nargs='+', choices=['global', 'local'], default=['global', 'local'])
     parser.add_argument('--passes', nargs='+', choices=['fwd', 'fwdbwd'], default=['fwd', 'fwdbwd'])
     parser.add_argument('--backends', nargs='+', default=None,
-                        help='backends to time (default: cpu segment flashbias sdpa; cuda adds flex, flash_attn)')
+                        help='backends to time (default: segment, segment+recompute, flashbias, sdpa; cuda adds flex, '
+                        'flash_attn); '
+                        f'{SEGMENT_WITH_RECOMPUTE!r} adds the cost of segment\'s accelerator recomputation')
     parser.add_argument('--repeats', type=int, default=5, help='timed runs per backend (median reported)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', choices=sorted(DTYPES), default=None,
@@ -96,7 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.backends = args.backends or ['segment', 'flashbias', 'flex', 'sdpa', 'math', 'flash_attn']
         args.memory = 'none' if args.memory == 'auto' else args.memory
     if args.backends is None:
-        args.backends = ['segment', 'flashbias', 'sdpa'] + (['flex', 'flash_attn'] if args.device == 'cuda' else [])
+        args.backends = (['segment', SEGMENT_WITH_RECOMPUTE, 'flashbias', 'sdpa']
+                         + (['flex', 'flash_attn'] if args.device == 'cuda' else []))
     if args.dtype is None:
         args.dtype = 'float16' if args.device == 'cuda' else 'float32'
     if args.memory == 'auto':
@@ -162,6 +172,12 @@ def run_case(case: dict, inputs: dict) -> None:
     """One forward (and backward) call."""
     if case['backend'] == BASELINE:
         out = F.scaled_dot_product_attention(inputs['q'], inputs['k'], inputs['v'])
+    elif case['backend'] == SEGMENT_WITH_RECOMPUTE:
+        out = apply_attention(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], backend='segment')
+        bs, num_queries = out.size(0), out.size(2)
+        budget = math.ceil(num_queries * ExactRowBudget().initial_share)
+        call = _make_call(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], None, 0.0, None)
+        out, _ = recompute_rows(call, out, torch.zeros(bs, num_queries, device=out.device), 1.0, budget)
     else:
         out = apply_attention(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], backend=case['backend'])
     if case['pass'] == 'fwdbwd':

@@ -119,11 +119,15 @@ def test_segment_recomputes_rows_where_the_window_correction_cancels(cases, monk
         amplitudes[0][0, 0, 0] = -40.0
     bias = AttentionBias(window, cases.NUM_KEYS)
     calls = []
-    recompute = segment_module._recompute_rows
-    monkeypatch.setattr(segment_module, '_recompute_rows',
-                        lambda call, out, flags: calls.append(flags[0, 0].item()) or recompute(call, out, flags))
+    recompute = segment_module.recompute_rows
+
+    def recording(call, out, retained, tolerance, budget):
+        calls.append((bool(retained[0, 0] < tolerance) and budget >= 1, budget))
+        return recompute(call, out, retained, tolerance, budget)
+
+    monkeypatch.setattr(segment_module, 'recompute_rows', recording)
     assert_matches_math(cases, 'segment', q, k, v, bias, amplitudes, FP32_TOLERANCE)
-    assert calls == [True], 'the ill-conditioned row was not recomputed'
+    assert [flagged for flagged, _ in calls] == [True], 'the ill-conditioned row was not recomputed'
     monkeypatch.setattr(segment_module, 'DEFAULT_CANCELLATION_TOLERANCE', 0.0)
     unguarded = apply_attention(q, k, v, bias, backend='segment')
     reference = apply_attention(q, k, v, bias, backend='math')

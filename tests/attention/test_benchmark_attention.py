@@ -27,10 +27,12 @@ def test_seed_loop_builds_the_structured_local_bias():
 def test_quick_run_reports_each_backend(tmp_path):
     out = tmp_path / 'bench.json'
     result = bench.main(['--quick', '--biases', 'global', 'local', '--passes', 'fwd', '--repeats', '1',
-                         '--backends', 'segment', 'flashbias', '--seed-loop-queries', '1', '--out', str(out)])
+                         '--backends', 'segment', 'segment+recompute', 'flashbias', '--seed-loop-queries', '1',
+                         '--out', str(out)])
     rows = {(r['bias'], r['backend']): r for r in result['attention']}
     assert rows[('global', 'segment')]['status'] == 'ok' and rows[('global', 'segment')]['ratio'] > 0
     assert rows[('global', bench.BASELINE)]['ratio'] == 1.0
+    assert all(rows[(bias, 'segment+recompute')]['status'] == 'ok' for bias in ('global', 'local'))
     assert rows[('local', 'flashbias')]['status'] == 'n/a' and 'WindowBias' in rows[('local', 'flashbias')]['reason']
     methods = {r['method'] for r in result['construction']}
     assert methods >= {'structured AttentionBias', 'dense to_dense() (vectorised)', 'seed per-query Python loop (dense)'}

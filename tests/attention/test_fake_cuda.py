@@ -9,9 +9,11 @@ ops are traced by calling them directly, and the gradients' values stay
 verified by the CPU twins in ``test_backends.py``: the CUDA branch of each backend differs from its CPU
 branch only in the kernel it calls (``fused_lse``: the CUDA flash / efficient
 kernels; ``window_slots.SlotPattern.dot``: a gather instead of
-``sampled_addmm``, compared with it below; ``segment._recompute_rows``: a fixed
-budget instead of the exact count, compared below).
+``sampled_addmm``, compared with it below; the exact recomputation: a budget
+of rows instead of the exact count, tested on the CPU with the same code in
+``test_exact_rows.py``).
 """
+import importlib.util
 import itertools
 
 import pytest
@@ -23,6 +25,7 @@ from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBi
 from projects.mmdet3d_plugin.attention.backends import UnsupportedAttentionError, segment
 from projects.mmdet3d_plugin.attention.backends.window_slots import SlotPattern
 from projects.mmdet3d_plugin.attention.dispatch import _make_call
+from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
 
 # the R50 shape of the default config: 900 queries, a 128 x 128 BEV grid and 6 views of 20 x 50 cells
 BS, HEADS, NUM_QUERIES, HEAD_DIM = 2, 8, 900, 32
@@ -72,15 +75,33 @@ def test_every_cuda_backend_traces_on_fake_cuda_or_refuses():
     assert refused == sorted(('flashbias', kind, str(d)) for kind in ('local', 'both') for d in DTYPES)
 
 
+def test_cuda_calls_copy_no_host_data_to_the_device():
+    """No blocking host-to-device copy (a stream synchronisation on a GPU) in any call auto may run, forward and
+    segment backward: constants come from the per-device cache, counts are built on the device."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for backend, kind in itertools.product(CUDA_BACKENDS, KINDS):
+            q, k, v, bias = _fake_problem(kind, torch.float16)
+            with HostCopyCounter() as counter:
+                try:
+                    apply_attention(q, k, v, bias, backend=backend)
+                except UnsupportedAttentionError:
+                    continue
+            assert counter.copies == [], (backend, kind, counter.copies)
+        q, k, v, bias = _fake_problem('both', torch.float16)
+        with HostCopyCounter() as counter:
+            _segment_forward_and_backward(q, k, v, bias)
+        assert counter.copies == []
+
+
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_select_backend_on_cuda_is_the_documented_choice(dtype):
-    expected = {'none': 'flash_attn', 'global': 'segment', 'local': 'segment', 'both': 'segment'}
+    # flash_attn only where the package is installed (the optional extra), else bias-free SDPA
+    expected = {'none': 'flash_attn' if importlib.util.find_spec('flash_attn') else 'sdpa', 'global': 'segment',
+                'local': 'segment', 'both': 'segment'}
     with FakeTensorMode(allow_non_fake_inputs=True):
         for kind in KINDS:
             q, k, v, bias = _fake_problem(kind, dtype)
             name, _ = select_backend(q, bias, k=k, v=v)
-            if kind == 'none' and name == 'sdpa':  # flash_attn is only chosen where the package is installed
-                name = 'flash_attn'
             assert name == expected[kind], (kind, dtype, name)
 
 
@@ -91,23 +112,6 @@ def test_gathered_slot_dot_equals_the_sampled_cpu_product(cases):
     pattern = SlotPattern(keys.index, bias.num_keys, 3)
     q, k, _ = cases.make_qkv(requires_grad=False)
     torch.testing.assert_close(pattern.gathered_dot(q * 0.5, k), pattern.dot(q, k, 0.5), rtol=1e-5, atol=1e-5)
-
-
-def test_fixed_recompute_budget_gives_the_exact_rows(cases, monkeypatch):
-    """The CUDA recomputation (a fixed number of rows per sample) equals the CPU one (exactly the flagged rows)."""
-    q, k, v = cases.make_qkv(num_queries=8, requires_grad=False)
-    bias, _ = cases.make_bias('segment+window', bs=2, heads=3, num_queries=8, requires_grad=False)
-    flags = torch.zeros(2, 8, dtype=torch.bool)
-    flags[0, [1, 5]] = True
-    flags[1, 2] = True
-    call = _make_call(q, k, v, bias, None, 0.0, None)
-    out = torch.zeros(2, 3, 8, 8)
-    exact = segment._recompute_rows(call, out, flags)
-    reference = apply_attention(q, k, v, bias, backend='math')
-    expected = torch.where(flags[:, None, :, None], reference, out)
-    torch.testing.assert_close(exact, expected)
-    monkeypatch.setattr(segment, '_recompute_budget', lambda flags: 4)
-    torch.testing.assert_close(segment._recompute_rows(call, out, flags), expected)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -140,17 +144,24 @@ class _Context:
         pass
 
 
+def _segment_forward_and_backward(q, k, v, bias):
+    """The segment function's forward and backward called without autograd: output, retained shares, gradients
+    and the bias tensors it is differentiable in."""
+    call = _make_call(q, k, v, bias, None, 0.0, None)
+    plan, segment_values, window_weight = segment.SegmentBackend._plan(call)
+    ctx = _Context((True, ) * 5 + (False, ))
+    out, retained = segment.SegmentAttentionFunction.forward(ctx, q.detach(), k.detach(), v.detach(),
+                                                             segment_values.detach(), window_weight.detach(), plan)
+    grads = segment.SegmentAttentionFunction.backward(ctx, torch.randn_like(out), None)
+    return out, retained, grads, (segment_values, window_weight)
+
+
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_segment_backward_traces_on_fake_cuda(dtype):
     """The whole segment backward (segment merge + window correction) on fake CUDA, called without autograd."""
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v, bias = _fake_problem('both', dtype)
-        call = _make_call(q, k, v, bias, None, 0.0, None)
-        plan, segment_values, window_weight = segment.SegmentBackend._plan(call)
-        ctx = _Context((True, ) * 5 + (False, ))
-        out, flags = segment.SegmentAttentionFunction.forward(ctx, q.detach(), k.detach(), v.detach(),
-                                                              segment_values.detach(), window_weight.detach(), plan)
-        grads = segment.SegmentAttentionFunction.backward(ctx, torch.randn_like(out), None)
-        assert flags.shape == (BS, HEADS, NUM_QUERIES)
+        out, retained, grads, (segment_values, window_weight) = _segment_forward_and_backward(q, k, v, bias)
+        assert (retained.shape, retained.dtype) == ((BS, HEADS, NUM_QUERIES), torch.float32)
         assert [(g.shape, g.dtype, g.device.type) for g in grads[:3]] == [(t.shape, dtype, 'cuda') for t in (q, k, v)]
         assert grads[3].shape == segment_values.shape and grads[4].shape == window_weight.shape

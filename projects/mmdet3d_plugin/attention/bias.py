@@ -26,6 +26,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..core.host_data import device_constant
+
 _SHAPE_NAMES = ('batch size', 'number of heads', 'number of queries')
 
 
@@ -197,12 +199,12 @@ class SegmentBias(BiasPart):
 
     def to_dense(self, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
         self.check_keys(num_keys)
-        repeats = torch.tensor(self.segment_lengths, device=self.values.device)
+        repeats = device_constant(self.segment_lengths, self.values.device, torch.long)
         return self.values.to(dtype).repeat_interleave(repeats, dim=-1, output_size=num_keys)
 
     def to_low_rank(self) -> 'LowRankBias':
         """The same bias as ``values @ one_hot(segment of key)^T``."""
-        repeats = torch.tensor(self.segment_lengths, device=self.values.device)
+        repeats = device_constant(self.segment_lengths, self.values.device, torch.long)
         indicator = torch.eye(len(self.segment_lengths), dtype=self.values.dtype, device=self.values.device)
         indicator = indicator.repeat_interleave(repeats, dim=0, output_size=self.num_keys)
         return LowRankBias(self.values, indicator[None])
@@ -286,8 +288,9 @@ def _stencil_cells(window_size: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], 
 def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tensor]:
     """The cells of a square window that get a non-zero linear-decay weight.
 
-    The cells are chosen on the host, so building the stencil has no
-    data-dependent shape and no device synchronisation (the same code runs,
+    The cells are chosen on the host and copied to each device once
+    (:func:`~projects.mmdet3d_plugin.core.host_data.device_constant`), so building the stencil has
+    no data-dependent shape and no device synchronisation (the same code runs,
     and traces under ``FakeTensorMode``, on every device).
 
     Args:
@@ -300,8 +303,8 @@ def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tenso
         ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
     """
     dy, dx, decay = _stencil_cells(window_size)
-    return (torch.tensor(dy, dtype=torch.long, device=device), torch.tensor(dx, dtype=torch.long, device=device),
-            torch.tensor(decay, dtype=torch.float32, device=device))
+    return (device_constant(dy, device, torch.long), device_constant(dx, device, torch.long),
+            device_constant(decay, device, torch.float32))
 
 
 class WindowKeys:

@@ -2,8 +2,10 @@
 
 ``FakeTensorMode`` traces every op with the CUDA kernels' meta functions:
 shapes, dtypes, devices and op signatures are checked, and a data-dependent
-shape or host synchronisation anywhere in the head (AQR routing, bias
-construction, the attention backends auto picks on CUDA) raises. Gradients
+shape or host read anywhere in the head (AQR routing, bias construction, the
+attention backends auto picks on CUDA) raises, and :class:`HostCopyCounter`
+catches the other kind of synchronisation, blocking copies of host data to
+the device, which fake tensors would trace without complaint. Gradients
 cannot run there; they are verified by the CPU tests of the same code.
 """
 import pytest
@@ -12,6 +14,7 @@ from mmdet3d.models import build_model
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
+from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
 
 
 @pytest.mark.parametrize('use_local_bias', [True, False])
@@ -37,9 +40,11 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
         with monkeypatch.context() as patch:
             patch.setattr(torch.cuda, 'is_available', lambda: True)
             autocast = torch.autocast('cuda', torch.float16)
-        with autocast:
+        with autocast, HostCopyCounter() as host_copies:
             assert torch.is_autocast_enabled('cuda')
             outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'])
+        # img_metas come to the device through pinned memory, constants from the per-device cache
+        assert host_copies.copies == [], 'blocking host-to-device copies (stream synchronisations on a GPU)'
         task = outputs[0][0]
         assert task['cls_logits'].dtype == torch.float16, 'the head did not run under fp16 autocast'
         assert task['center'].device.type == 'cuda'

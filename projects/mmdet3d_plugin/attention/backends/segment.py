@@ -15,7 +15,8 @@ the difference of two exponentials that are both at most 1. When the
 correction removes most of the mass (a very negative ``w`` on keys that
 dominate the row), the subtraction is ill-conditioned; those rows are detected
 (``Z < tol * sum_s e^{a_s}``) and recomputed exactly with the reference over
-all keys.
+all keys (:mod:`.exact_rows`: every flagged row on the CPU, an adaptive
+budget of rows elsewhere, never a crash or a host synchronisation).
 
 **Backward** (a custom ``autograd.Function``). With ``pi_s = e^{a_s} / Z`` the
 probability of key ``k`` in segment ``s`` is ``pi_s p_s(k)`` plus, for a
@@ -31,16 +32,16 @@ No tensor of size ``Q * K`` is ever made; the window part costs
 slot products of :mod:`.window_slots` (no gathered copy of the keys).
 """
 import bisect
-import math
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ...core.host_data import device_constant
 from ..bias import SegmentBias, WindowBias
-from .base import AttentionBackend, AttentionCall, dense_additive_bias
+from .base import AttentionBackend, AttentionCall
+from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
-from .math import reference_attention
 from .window_slots import SlotPattern
 
 #: rows whose corrected normaliser keeps less than this share of the mass it
@@ -49,8 +50,6 @@ CANCELLATION_TOLERANCE = {torch.float16: 0.25, torch.bfloat16: 0.25}
 #: float32 too: the fused kernels' exponentials are a few ulp off (CPU: ~1e-6 relative), which a row keeping a
 #: share r of its mass amplifies by 1 / r; below a quarter the gradients leave 1e-5 (measured up to 3.5e-4)
 DEFAULT_CANCELLATION_TOLERANCE = 0.25
-#: off the CPU, the share of a sample's queries recomputed exactly (a fixed amount of work, see _recompute_rows)
-RECOMPUTE_SHARE = 1.0 / 16
 
 
 class SegmentPlan:
@@ -94,7 +93,9 @@ def segment_layout(parts: List[SegmentBias], num_keys: int) -> Tuple[List[Tuple[
     for part in parts:
         starts = [start for start, _ in part.segment_bounds]
         source = [bisect.bisect_right(starts, start) - 1 for start, _ in bounds]
-        values = part.values.float()[..., source]
+        values = part.values.float()
+        if source != list(range(values.size(-1))):  # a list index would be copied to the device on every call
+            values = values.index_select(-1, device_constant(source, values.device, torch.long))
         total = values if total is None else total + values
     return bounds, total
 
@@ -123,7 +124,9 @@ class SegmentAttentionFunction(torch.autograd.Function):
                 window_weight: Optional[Tensor], plan: SegmentPlan):
         """Args: q/k/v ``[bs, heads, L, d]``; segment_values ``[bs, heads | 1, Q, S]``;
         window_weight ``[bs, heads | 1, Q, L]``; plan. Returns the output in q's
-        dtype and the ``[bs, heads, Q]`` bool rows that need an exact recomputation."""
+        dtype and the ``[bs, heads, Q]`` float32 share of its mass each row keeps
+        after the window correction (1 without a window; rows below
+        ``plan.tolerance`` need an exact recomputation)."""
         outs, lses, states = [], [], []
         for i, ((start, end), key_mask) in enumerate(zip(plan.bounds, plan.key_masks)):
             out, lse, state = fused_attention_with_lse(q, k[:, :, start:end], v[:, :, start:end], key_mask, plan.scale)
@@ -143,37 +146,40 @@ class SegmentAttentionFunction(torch.autograd.Function):
         mass = torch.exp(logits - row_max)
         total = mass.sum(-1)
         numerator = sum(m[..., None] * o.float() for m, o in zip(mass.unbind(-1), outs))
-        flags = torch.zeros(total.shape, dtype=torch.bool, device=total.device)
+        retained = torch.ones_like(total)
         if plan.has_window:
             # every logit is <= row_max, so both exponentials are <= 1; the difference c_j has an absolute error
             # of eps times the row's mass, which only matters where it cancels most of it (flagged rows)
             window_mass = window_mass.sub_(row_max).exp_()
             corrections = window_mass - base_mass.sub_(row_max).exp_()
             corrected_total = total + corrections.sum(-1)
-            flags = corrected_total < plan.tolerance * total
+            retained = corrected_total / torch.where(total > 0, total, torch.ones_like(total))
             total = corrected_total
             numerator = numerator + plan.window.weighted_sum(corrections, v)
         safe_total = torch.where(total > 0, total, torch.ones_like(total))[..., None]
         out = numerator / safe_total
-        ctx.mark_non_differentiable(flags)
+        ctx.mark_non_differentiable(retained)
         if any(ctx.needs_input_grad):
-            ctx.save_for_backward(q, k, v)
-            ctx.plan, ctx.outs, ctx.states, ctx.merged = plan, outs, states, out
+            # the float32 output goes through save_for_backward (for float32 inputs it *is* the output): as a ctx
+            # attribute it would hold its own grad_fn (output -> grad_fn -> ctx -> output), a reference cycle that
+            # keeps every tensor of the call alive until Python's cycle collector runs
+            ctx.save_for_backward(q, k, v, out)
+            ctx.plan, ctx.outs, ctx.states = plan, outs, states
             ctx.segment_probs = mass / safe_total
             ctx.segment_heads = None if segment_values is None else segment_values.size(1)
             if plan.has_window:
                 ctx.window_probs = window_mass.div_(safe_total)
                 ctx.correction_probs = corrections.div_(safe_total)
                 ctx.window_heads = window_weight.size(1)
-        return out.to(q.dtype), flags
+        return out.to(q.dtype), retained
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor, grad_flags: Optional[Tensor]):
-        q, k, v = ctx.saved_tensors
+    def backward(ctx, grad_out: Tensor, grad_retained: Optional[Tensor]):
+        q, k, v, merged = ctx.saved_tensors
         plan = ctx.plan
         grad_out = grad_out.float()
-        row_term = (grad_out * ctx.merged).sum(-1)
-        merged = ctx.merged.to(q.dtype)
+        row_term = (grad_out * merged).sum(-1)
+        merged = merged.to(q.dtype)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         if len(plan.bounds) > 1:  # filled segment by segment, so one segment's gradients are alive at a time
             dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -231,9 +237,9 @@ class SegmentBackend(AttentionBackend):
         plan, segment_values, window_weight = self._plan(call)
         # q, k, v already have the dtype to run in; the function mixes them with float32 statistics itself
         with torch.autocast(call.device_type, enabled=False):
-            out, flags = SegmentAttentionFunction.apply(call.q, call.k, call.v, segment_values, window_weight, plan)
+            out, retained = SegmentAttentionFunction.apply(call.q, call.k, call.v, segment_values, window_weight, plan)
         if plan.has_window:
-            out = _recompute_rows(call, out, flags.any(1))
+            out = _recompute_cancelled_rows(call, out, retained.amin(1), plan.tolerance)
         return out
 
     @staticmethod
@@ -246,8 +252,9 @@ class SegmentBackend(AttentionBackend):
         if padding is not None:
             empty = torch.stack([padding[:, start:end].all(-1) for start, end in bounds], -1)
             for i, (start, end) in enumerate(bounds):
-                # the CPU skips masks of unpadded segments (exact either way); CUDA never asks the device
-                if padding.device.type != 'cpu' or bool(padding[:, start:end].any()):
+                # masks of unpadded segments are skipped (exact either way); only the CPU gets here with padding,
+                # the CUDA kernels apply none (see fused_lse_not_supported_reasons)
+                if bool(padding[:, start:end].any()):
                     mask = torch.zeros(padding[:, start:end].shape, dtype=call.q.dtype, device=padding.device)
                     key_masks[i] = mask.masked_fill(padding[:, start:end], float('-inf'))[:, None, None]
         window = window_valid = window_segment = window_weight = None
@@ -262,54 +269,31 @@ class SegmentBackend(AttentionBackend):
                 bs = padding.size(0)
                 window_valid = window_valid & ~torch.gather(padding, 1, window_index.view(bs, -1)).view_as(
                     window_index)
-            starts = torch.tensor([start for start, _ in bounds[1:]], device=window_index.device)
-            window_segment = torch.bucketize(window_index, starts, right=True)
+            window_segment = torch.zeros_like(window_index)
+            for start, _ in bounds[1:]:  # compared with host numbers: no boundary tensor to copy to the device
+                window_segment += window_index >= start
             window = SlotPattern(window_index, num_keys, call.q.size(1))
         tolerance = CANCELLATION_TOLERANCE.get(call.q.dtype, DEFAULT_CANCELLATION_TOLERANCE)
         plan = SegmentPlan(bounds, key_masks, empty, window, window_valid, window_segment, call.scale, tolerance)
         return plan, segment_values, window_weight
 
 
-def _recompute_budget(flags: Tensor) -> int:
-    """How many queries per sample :func:`_recompute_rows` recomputes.
+def _recompute_cancelled_rows(call: AttentionCall, out: Tensor, retained: Tensor, tolerance: float) -> Tensor:
+    """Recompute the queries whose window correction kept less than ``tolerance`` of their mass.
 
-    On the CPU exactly the most flagged in a sample (reading the flags is
-    free there); elsewhere a fixed share of the queries, so that the work has
-    a fixed shape and nothing waits for the device.
-    """
-    if flags.device.type == 'cpu':
-        return int(flags.sum(-1).max())
-    return max(1, math.ceil(flags.size(-1) * RECOMPUTE_SHARE))
-
-
-def _recompute_rows(call: AttentionCall, out: Tensor, flags: Tensor) -> Tensor:
-    """Replace the outputs of flagged queries by the reference computed over all keys (differentiable).
+    On the CPU exactly the flagged ones (reading their count is free there);
+    elsewhere the device's :class:`~.exact_rows.ExactRowBudget` of rows per
+    sample, with the overflow counted on the device (no synchronisation).
 
     Args:
         call (AttentionCall): the call.
         out (Tensor): ``[bs, heads, Q, d]`` output of the merge.
-        flags (Tensor): ``[bs, Q]`` bool, the queries to recompute.
-
-    Returns:
-        Tensor: ``out`` with the flagged queries replaced. The same fixed-size
-        work runs on every device: the ``budget`` most flagged queries of each
-        sample are recomputed and written back where flagged. More flagged
-        queries than the budget fail a device-side assertion (no host sync).
+        retained (Tensor): ``[bs, Q]`` share of its mass each query keeps.
+        tolerance (float): the flagging threshold.
     """
-    budget = min(_recompute_budget(flags), flags.size(-1))
-    if budget == 0:
-        return out
-    torch._assert_async(flags.sum(-1).max() <= budget,
-                        f'segment: more than {budget} queries of a sample need an exact recomputation')
-    picked = flags.float().topk(budget, -1, sorted=False).indices
-    heads = torch.arange(out.size(1), device=out.device)
-    for batch in range(out.size(0)):
-        queries = picked[batch]
-        padding = call.key_padding_mask[batch:batch + 1] if call.key_padding_mask is not None else None
-        bias = dense_additive_bias(call.bias.select_queries(batch, queries), padding, torch.float32)
-        exact = reference_attention(call.q[batch:batch + 1, :, queries], call.k[batch:batch + 1],
-                                    call.v[batch:batch + 1], bias, call.scale)[0]
-        index = (torch.full_like(queries, batch)[None], heads[:, None], queries[None])
-        exact = torch.where(flags[batch, queries][None, :, None], exact.to(out.dtype), out[index])
-        out = out.index_put(index, exact)
+    if call.device_type == 'cpu':
+        return recompute_rows(call, out, retained, tolerance, int((retained < tolerance).sum(-1).max()))[0]
+    budget = budget_of(out.device)
+    out, overflow = recompute_rows(call, out, retained, tolerance, budget.budget(retained.size(-1)))
+    budget.record((retained < tolerance).sum(-1), overflow)
     return out

@@ -14,6 +14,8 @@ from typing import Mapping, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ...core.host_data import host_to_device
+
 #: img_meta key listing the modalities ModalMask3D dropped for the sample.
 DROPPED_MODALITIES_KEY = 'dropped_modalities'
 MODALITY_NAMES = ('points', 'image')
@@ -38,7 +40,7 @@ def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> T
                              f'expected a subset of {MODALITY_NAMES}')
         lidar.append('points' in dropped)
         camera.append('image' in dropped)
-    return (torch.tensor(lidar, dtype=torch.bool, device=device), torch.tensor(camera, dtype=torch.bool, device=device))
+    return host_to_device(lidar, device, torch.bool), host_to_device(camera, device, torch.bool)
 
 
 def routing_loss(lidar_weights: Tensor, camera_weights: Tensor, lidar_dropped: Tensor, camera_dropped: Tensor,

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...core.host_data import host_to_device
 from ..utils.camera_geometry import stack_lidar2img
 from ..utils.positional_encoding import denormalize_points
 
@@ -105,8 +106,7 @@ def image_sizes_from_metas(img_metas: Sequence[Mapping], num_views: int, device:
             raise KeyError(f"img_metas[{i}] has neither 'img_shape' nor 'pad_shape'")
         img_hw.append(_per_view_hw(meta.get('img_shape', meta.get('pad_shape')), num_views, 'img_shape'))
         pad_hw.append(_per_view_hw(meta.get('pad_shape', meta.get('img_shape')), num_views, 'pad_shape'))
-    return (torch.tensor(img_hw, dtype=torch.float32, device=device),
-            torch.tensor(pad_hw, dtype=torch.float32, device=device))
+    return host_to_device(img_hw, device, torch.float32), host_to_device(pad_hw, device, torch.float32)
 
 
 def camera_cells(points: Tensor,

@@ -38,6 +38,7 @@ from mmdet.models.utils.transformer import inverse_sigmoid
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor, nn
 
+from ...core.host_data import device_constant
 from ..aqr.design_note_keys import HEAD_RENAMED_KEYS, reject_renamed_keys
 from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw, project_to_views, stack_lidar2img
 from ..utils.denoising import DenoisingQueries, build_dn_queries
@@ -383,8 +384,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
     def _task_predictions(self, outs_dec: Tensor, reference_points: Tensor,
                           dn_queries: Optional[DenoisingQueries]) -> Tuple[List[dict], ...]:
         reference = inverse_sigmoid(reference_points)
-        low = reference_points.new_tensor(self.pc_range[:3])
-        extent = reference_points.new_tensor(self.pc_range[3:6]) - low
+        low = device_constant(self.pc_range[:3], reference_points.device, reference_points.dtype)
+        extent = device_constant(self.pc_range[3:6], reference_points.device, reference_points.dtype) - low
         pad_size = dn_queries.pad_size if dn_queries is not None else 0
         preds_dicts = []
         for task_head in self.task_heads:

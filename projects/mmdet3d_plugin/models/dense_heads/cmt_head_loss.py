@@ -28,6 +28,7 @@ from mmdet.core import reduce_mean
 from torch import Tensor
 
 from ...core.bbox.util import normalize_bbox
+from ...core.host_data import device_constant
 from ..utils.denoising import DenoisingQueries
 
 REGRESSION_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
@@ -85,7 +86,7 @@ class CmtHeadLossMixin:
     def _code_weights(self, like: Tensor) -> Tensor:
         if not self.train_cfg or 'code_weights' not in self.train_cfg:
             raise KeyError(f"{type(self).__name__}.loss needs train_cfg['code_weights'] (10 values)")
-        return like.new_tensor(self.train_cfg['code_weights'])
+        return device_constant(self.train_cfg['code_weights'], like.device, like.dtype)
 
     @force_fp32(apply_to=('preds_dicts', ))
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],

@@ -4,6 +4,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...core.host_data import host_to_device
+
 
 def stack_lidar2img(img_metas: Sequence[dict], device: torch.device = None) -> torch.Tensor:
     """Read the per-view ``lidar2img`` matrices of a batch.
@@ -29,7 +31,7 @@ def stack_lidar2img(img_metas: Sequence[dict], device: torch.device = None) -> t
     num_views = {m.shape[0] for m in matrices}
     if len(num_views) != 1:
         raise ValueError(f'every sample must have the same number of camera views, got {sorted(num_views)}')
-    return torch.from_numpy(np.stack(matrices)).float().to(device)
+    return host_to_device(np.stack(matrices).astype(np.float32), device)
 
 
 def invert_lidar2img(lidar2img: torch.Tensor) -> torch.Tensor:

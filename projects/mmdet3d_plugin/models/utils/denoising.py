@@ -142,9 +142,9 @@ def build_dn_queries(gt_bboxes: Sequence[Tensor],
     device = boxes.device
     batch_size = len(counts)
 
-    # counts are host numbers: output_size keeps the device from being asked for the length
-    sample_of_box = torch.repeat_interleave(torch.arange(batch_size, device=device),
-                                            torch.tensor(counts, device=device), output_size=sum(counts))
+    # counts are host numbers: filled on the device, nothing is copied to it or read from it
+    sample_of_box = torch.cat([torch.full((n, ), sample, dtype=torch.long, device=device)
+                               for sample, n in enumerate(counts)])
     slot_in_group = torch.cat([torch.arange(n, device=device) for n in counts])
     group_offsets = (torch.arange(groups, device=device) * group_size)[:, None]
     query_index = (slot_in_group[None, :] + group_offsets).reshape(-1)

@@ -4,6 +4,8 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ...core.host_data import host_to_device
+
 
 def grid_mask_pattern(height: int, width: int, period: int, keep_len: int, offset_h: int, offset_w: int,
                       use_h: bool = True, use_w: bool = True) -> np.ndarray:
@@ -84,11 +86,10 @@ class GridMask(nn.Module):
         if angle:
             pattern = np.asarray(Image.fromarray(np.uint8(pattern)).rotate(angle), dtype=np.float32)
         top, left = (big_h - height) // 2, (big_w - width) // 2
-        mask = torch.from_numpy(np.ascontiguousarray(pattern[top:top + height, left:left + width]))
-        mask = mask.to(device=x.device, dtype=x.dtype)
+        mask = host_to_device(np.ascontiguousarray(pattern[top:top + height, left:left + width]), x.device).to(x.dtype)
         if self.mode == 1:
             mask = 1 - mask
         if self.offset:
-            noise = torch.from_numpy(2 * (np.random.rand(height, width) - 0.5)).to(device=x.device, dtype=x.dtype)
+            noise = host_to_device(2 * (np.random.rand(height, width) - 0.5), x.device).to(x.dtype)
             return x * mask + noise * (1 - mask)
         return x * mask

@@ -9,6 +9,7 @@ from typing import Sequence, Tuple
 
 import torch
 
+from ...core.host_data import device_constant
 
 def pos2embed(pos: torch.Tensor, num_pos_feats: int = 128) -> torch.Tensor:
     """Sine/cosine embedding of the first two coordinates of ``pos``.
@@ -67,15 +68,15 @@ def normalize_points(points: torch.Tensor, pc_range: Sequence[float]) -> torch.T
     Returns:
         Tensor: ``[..., 3]``.
     """
-    low = points.new_tensor(pc_range[:3])
-    high = points.new_tensor(pc_range[3:6])
+    low = device_constant(pc_range[:3], points.device, points.dtype)
+    high = device_constant(pc_range[3:6], points.device, points.dtype)
     return (points - low) / (high - low)
 
 
 def denormalize_points(points: torch.Tensor, pc_range: Sequence[float]) -> torch.Tensor:
     """Inverse of :func:`normalize_points`: ``[..., 3]`` in ``[0, 1]`` to metres."""
-    low = points.new_tensor(pc_range[:3])
-    high = points.new_tensor(pc_range[3:6])
+    low = device_constant(pc_range[:3], points.device, points.dtype)
+    high = device_constant(pc_range[3:6], points.device, points.dtype)
     return points * (high - low) + low
 
 

@@ -7,6 +7,7 @@ from mmdet.core.bbox.builder import BBOX_ASSIGNERS
 from mmdet.core.bbox.match_costs import build_match_cost
 from scipy.optimize import linear_sum_assignment
 
+from ...host_data import device_constant, host_to_device
 from ..util import normalize_bbox
 
 _CODE_SIZE_NO_VELOCITY = 8
@@ -103,7 +104,7 @@ class HungarianAssigner3D(BaseAssigner):
         weights = self.code_weights if code_weights is None else code_weights
         pred_codes = bbox_pred
         if weights is not None:
-            weight_row = bbox_pred.new_tensor(weights)[:bbox_pred.size(-1)]
+            weight_row = device_constant(weights, bbox_pred.device, bbox_pred.dtype)[:bbox_pred.size(-1)]
             pred_codes = bbox_pred * weight_row
             gt_codes = gt_codes * weight_row[:gt_codes.size(-1)]
         cost = self.cls_cost(cls_pred, gt_labels) + self.reg_cost(pred_codes[:, :num_code], gt_codes[:, :num_code])
@@ -113,8 +114,8 @@ class HungarianAssigner3D(BaseAssigner):
             raise ValueError('HungarianAssigner3D: the matching cost has non-finite entries (NaN/inf predictions, '
                              'or ground-truth boxes with non-positive sizes)')
         query_inds, gt_inds = linear_sum_assignment(cost.numpy())
-        query_inds = torch.from_numpy(query_inds).to(device=device, dtype=torch.long)
-        gt_inds = torch.from_numpy(gt_inds).to(device=device, dtype=torch.long)
+        query_inds = host_to_device(query_inds, device, torch.long)
+        gt_inds = host_to_device(gt_inds, device, torch.long)
         assigned_gt_inds[query_inds] = gt_inds + 1
         assigned_labels[query_inds] = gt_labels[gt_inds].long()
         return AssignResult(num_gts, assigned_gt_inds, None, labels=assigned_labels)

@@ -5,6 +5,7 @@ import torch
 from mmdet.core.bbox import BaseBBoxCoder
 from mmdet.core.bbox.builder import BBOX_CODERS
 
+from ...host_data import device_constant
 from ..util import denormalize_bbox
 
 # Order in which the head's regression outputs are concatenated into one code;
@@ -84,7 +85,7 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
         if self.score_threshold is not None:
             keep &= scores > self.score_threshold
         if self.post_center_range is not None:
-            limits = bboxes.new_tensor(self.post_center_range)
+            limits = device_constant(self.post_center_range, bboxes.device, bboxes.dtype)
             keep &= (bboxes[:, :3] >= limits[:3]).all(1) & (bboxes[:, :3] <= limits[3:]).all(1)
         return dict(bboxes=bboxes[keep], scores=scores[keep], labels=labels[keep])
 
@@ -124,7 +125,7 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
         if all_logits.size(-1) != self.num_classes:
             raise ValueError(f'the task heads predict {all_logits.size(-1)} classes in total but the coder has '
                              f'num_classes={self.num_classes}')
-        class_to_task = torch.tensor(class_to_task, dtype=torch.long, device=all_logits.device)
+        class_to_task = device_constant(class_to_task, all_logits.device, torch.long)
         return [
             self.decode_single(all_logits[i], all_codes[i], class_to_task) for i in range(all_logits.size(0))
         ]

@@ -9,6 +9,8 @@ from typing import Sequence
 import torch
 from mmdet.core.bbox.match_costs.builder import MATCH_COST
 
+from ...host_data import device_constant
+
 
 @MATCH_COST.register_module()
 class BBox3DL1Cost:
@@ -59,8 +61,8 @@ class BBoxBEVL1Cost:
         """
         if len(pc_range) != 6:
             raise ValueError(f'BBoxBEVL1Cost: pc_range must have 6 values, got {list(pc_range)}')
-        start = bboxes.new_tensor(pc_range[0:2])
-        extent = bboxes.new_tensor(pc_range[3:5]) - start
+        start = device_constant(pc_range[0:2], bboxes.device, bboxes.dtype)
+        extent = device_constant(pc_range[3:5], bboxes.device, bboxes.dtype) - start
         pred_xy = (bboxes[:, :2] - start) / extent
         gt_xy = (gt_bboxes[:, :2] - start) / extent
         return torch.cdist(pred_xy, gt_xy, p=1) * self.weight

@@ -1,0 +1,151 @@
+"""Host data on a device without a host synchronisation, and the tools that check it.
+
+A blocking copy of host memory to a CUDA device (``torch.tensor(python_list,
+device='cuda')``, ``x.new_tensor(list)``, ``numpy_tensor.to('cuda')``) is a
+pageable copy followed by a stream synchronisation: the host waits for every
+kernel queued before it. In a training step that makes the CPU wait for the
+GPU dozens of times. The model's code therefore brings host data to a device
+only through two functions:
+
+* :func:`device_constant`: values fixed for a run (a point-cloud range,
+  code weights, a window stencil), copied once per (values, dtype, device) and
+  cached;
+* :func:`host_to_device`: per-batch host data (``img_metas`` matrices and
+  shapes, assignment indices), copied from pinned memory without blocking.
+
+:func:`permitted_host_sync` marks the few places that must wait for the
+device (the Hungarian matching runs on the host), so that
+``torch.cuda.set_sync_debug_mode('error')`` (``tools/check_gpu.py``) accepts
+them and catches every other synchronisation. :class:`HostCopyCounter`
+counts blocking host-to-device copies on fake CUDA, where a GPU is absent.
+"""
+import contextlib
+import threading
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_CONSTANTS: Dict[Tuple, Tensor] = {}
+_CONSTANTS_LOCK = threading.Lock()
+
+
+def _is_fake(device: torch.device) -> bool:
+    """Whether tensors made now are fake (``FakeTensorMode``): they must not be cached or pinned."""
+    return torch._guards.detect_fake_mode() is not None or (device.type == 'cuda' and not torch.cuda.is_available())
+
+
+def host_to_device(data, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Copy host data (numbers, nested lists, a numpy array or a CPU tensor) to ``device`` without blocking.
+
+    On the CPU this is ``torch.as_tensor``. On an accelerator the data is put
+    in pinned memory and copied asynchronously (the caching host allocator
+    keeps the pinned block until the copy has finished), so the host does not
+    wait for the device.
+
+    Args:
+        data: host data of any shape.
+        device (torch.device, optional): target device (default CPU).
+        dtype (torch.dtype, optional): dtype of the result (default: inferred).
+
+    Returns:
+        Tensor: the data on ``device``.
+    """
+    device = torch.device('cpu') if device is None else torch.device(device)
+    host = torch.as_tensor(np.asarray(data) if isinstance(data, (list, tuple)) else data, dtype=dtype)
+    if device.type == 'cpu':
+        return host
+    if host.device.type != 'cpu':
+        return host.to(device)
+    if not _is_fake(device):
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def device_constant(values: Sequence, device: Optional[torch.device] = None,
+                    dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A constant tensor of ``values`` on ``device``, copied to it once and then served from a cache.
+
+    The cached tensor is made outside inference mode (usable in autograd
+    later) and must not be modified in place by callers.
+
+    Args:
+        values (Sequence): numbers or nested sequences of numbers (hashable once converted to tuples).
+        device (torch.device, optional): target device (default CPU).
+        dtype (torch.dtype, optional): dtype of the result (default: inferred).
+
+    Returns:
+        Tensor: ``values`` as a tensor on ``device``.
+    """
+    device = torch.device('cpu') if device is None else torch.device(device)
+    if device.type == 'cuda' and device.index is None and not _is_fake(device):
+        device = torch.device('cuda', torch.cuda.current_device())
+    key = (_freeze(values), dtype, str(device))
+    if _is_fake(device):
+        return host_to_device(values, device, dtype)
+    with _CONSTANTS_LOCK:
+        cached = _CONSTANTS.get(key)
+        if cached is None:
+            with torch.inference_mode(False), torch.no_grad():
+                cached = host_to_device(values, device, dtype)
+            _CONSTANTS[key] = cached
+    return cached
+
+
+def _freeze(values):
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
+    if isinstance(values, (list, tuple)):
+        return tuple(_freeze(value) for value in values)
+    return values
+
+
+@contextlib.contextmanager
+def permitted_host_sync() -> Iterator[None]:
+    """Allow a deliberate host synchronisation under ``torch.cuda.set_sync_debug_mode``.
+
+    Inside the block the sync-debug mode is off; it is restored afterwards.
+    Without CUDA, or with the mode already off, this does nothing.
+    """
+    mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    if mode == 0:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+
+
+class HostCopyCounter(TorchDispatchMode):
+    """Record every blocking host-to-accelerator copy dispatched inside the mode.
+
+    Use it inside a ``FakeTensorMode`` to check CUDA code without a GPU: a
+    copy from a CPU tensor to a non-CPU device with ``non_blocking=False``
+    (``torch.tensor(list, device='cuda')``, ``.to('cuda')``, ``copy_``) is
+    what makes the host wait for the device.
+
+    Attributes:
+        copies (list[str]): one line per blocking copy: the op and the shape copied.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: List[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default:
+            source, target = args[0], kwargs.get('device')
+            if (source.device.type == 'cpu' and target is not None and torch.device(target).type != 'cpu'
+                    and not kwargs.get('non_blocking', False)):
+                self.copies.append(f'{func}: {tuple(source.shape)} -> {target}')
+        elif func is torch.ops.aten.copy_.default:
+            target, source = args[0], args[1]
+            non_blocking = args[2] if len(args) > 2 else kwargs.get('non_blocking', False)
+            if source.device.type == 'cpu' and target.device.type != 'cpu' and not non_blocking:
+                self.copies.append(f'{func}: {tuple(source.shape)} -> {target.device}')
+        return func(*args, **kwargs)

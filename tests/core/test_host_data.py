@@ -1,0 +1,51 @@
+"""Host data on a device without a synchronisation: the cached constants, the copies and their counter."""
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from projects.mmdet3d_plugin.core.host_data import (HostCopyCounter, device_constant, host_to_device,
+                                                    permitted_host_sync)
+
+
+def test_device_constant_is_made_once_per_values_dtype_and_device():
+    first = device_constant([1.0, 2.5, -3.0], 'cpu', torch.float32)
+    assert first is device_constant((1.0, 2.5, -3.0), torch.device('cpu'), torch.float32)
+    assert first is not device_constant([1.0, 2.5, -3.0], 'cpu', torch.float64)
+    assert first.tolist() == [1.0, 2.5, -3.0] and first.dtype == torch.float32
+    assert device_constant(np.array([[1, 2], [3, 4]]), 'cpu', torch.long).tolist() == [[1, 2], [3, 4]]
+
+
+def test_a_constant_first_made_under_inference_mode_serves_training():
+    """An inference tensor cannot be saved for backward: the cache must not hand one to a training step."""
+    with torch.inference_mode():
+        device_constant([0.5, 2.0, 7.0], 'cpu', torch.float32)
+    weight = torch.ones(3, requires_grad=True)
+    (weight * device_constant([0.5, 2.0, 7.0], 'cpu', torch.float32)).sum().backward()
+    assert weight.grad.tolist() == [0.5, 2.0, 7.0]
+
+
+def test_host_to_device_keeps_values_and_dtype():
+    matrices = np.random.rand(2, 6, 4, 4)
+    copied = host_to_device(matrices.astype(np.float32), 'cpu')
+    assert copied.dtype == torch.float32 and np.array_equal(copied.numpy(), matrices.astype(np.float32))
+    assert host_to_device([[True, False]], None, torch.bool).tolist() == [[True, False]]
+
+
+def test_the_counter_sees_blocking_host_copies_and_not_the_asynchronous_ones():
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with HostCopyCounter() as counter:
+            torch.tensor([1, 2, 3], device='cuda')
+            torch.zeros(2, device='cuda').new_tensor([1.0, 2.0])
+            torch.from_numpy(np.ones(3)).to('cuda')
+            torch.zeros(3, device='cuda').copy_(torch.ones(3))
+        assert len(counter.copies) == 4, counter.copies
+        with HostCopyCounter() as counter:
+            host_to_device(np.ones((2, 3)), torch.device('cuda'), torch.float32)
+            device_constant([1.0, 2.0], torch.device('cuda'), torch.float32)
+            torch.arange(4, device='cuda') * 2
+        assert counter.copies == []
+
+
+def test_permitted_host_sync_without_cuda_does_nothing():
+    with permitted_host_sync():
+        assert torch.ones(2).sum().item() == 2.0
