@@ -65,13 +65,21 @@ def test_quick_study_writes_tables_chart_and_pictures_and_freezes_all_but_aqr(tm
         table = text.split(f'## {score}\n\n')[1].split('\n\n')[0].splitlines()
         assert [line.split(' | ')[0].lstrip('| ') for line in table[2:]] == corruptions
         assert all(len(line.split(' | ')) == 1 + len(study.MODELS) + 2 for line in table[2:])
-    summary = json.loads((report / 'study.json').read_text())['summary']
+    written = json.loads((report / 'study.json').read_text())
+    summary, (aqr_run, ) = written['summary'], written['runs']['cmt_aqr']
     assert list(summary) == corruptions
-    for row in summary.values():
+    for corruption, row in summary.items():
         for model in study.MODELS:
             for score in ('NDS', 'mAP'):
                 assert row[model][score]['n'] == 1 and 0.0 <= row[model][score]['mean'] <= 1.0
-        assert -1.0 <= row['aqr_minus_control']['NDS']['mean'] <= 1.0
+        # one seed: the difference is CMT-AQR's NDS minus the other arm's, as run and as shown in study.md
+        for other in ('control', 'cmt'):
+            (other_run, ) = written['runs'][other]
+            difference = row[f'aqr_minus_{other}']['NDS']
+            assert difference['mean'] == pytest.approx(aqr_run[corruption]['NDS'] - other_run[corruption]['NDS'])
+            assert difference['n'] == 1
+        table_row = text.split('## NDS\n\n')[1].split(f'| {corruption} | ')[1].split('\n')[0]
+        assert f'{row["aqr_minus_control"]["NDS"]["mean"]:+.3f}' in table_row
     routing = json.loads((report / 'study.json').read_text())['routing']
     for corruption in corruptions:
         row = routing[corruption]

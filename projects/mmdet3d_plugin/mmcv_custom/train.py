@@ -5,7 +5,9 @@ wrapper, optimizer, runner, hooks, evaluation, resume), except that
 
 * the model is wrapped by :func:`.parallel.wrap_model`, which also handles
   distributed runs on CPU (mmdet and mmdet3d put every distributed model on
-  CUDA);
+  CUDA), after the ``FreezeParametersHook`` of ``cfg.custom_hooks`` froze
+  its parameters (:func:`.freeze_parameters.freeze_before_wrapping`), so that
+  ``DistributedDataParallel`` registers only the trainable ones;
 * a resumed run sees the data order and random numbers of the interrupted
   one (and so its losses, bitwise where the kernels are deterministic, e.g.
   on one CPU thread): the training order depends only on ``(seed, epoch)``
@@ -26,6 +28,7 @@ from mmdet.utils import compat_cfg, get_root_logger
 from mmdet3d.datasets import build_dataset
 
 from .checkpoint import check_resumable, find_latest_valid_checkpoint
+from .freeze_parameters import freeze_before_wrapping
 from .parallel import wrap_model
 from .seeding import EpochSeedHook
 
@@ -54,6 +57,7 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
     loader_args.update(cfg.data.train_dataloader)
     data_loaders = [build_dataloader(dataset, **loader_args) for dataset in datasets]
 
+    freeze_before_wrapping(model, cfg.get('custom_hooks', None))
     model = wrap_model(model, cfg.device, distributed, gpu_ids=cfg.gpu_ids, broadcast_buffers=False,
                        find_unused_parameters=cfg.get('find_unused_parameters', False))
     optimizer = build_optimizer(model, cfg.optimizer)
