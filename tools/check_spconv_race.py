@@ -11,10 +11,11 @@ fixed random input of ``--sites`` active voxels, and the output of every
 ``F.conv3d`` of the layer's own captured input
 (``mmcv_custom/sparse_conv_check.py``). ``--load N`` busy-loop processes run
 meanwhile (the race only shows under CPU contention). Each thread count runs
-in its own process with ``OMP_NUM_THREADS`` set, because spconv's bundled
-OpenMP reads it once at start-up (``torch.set_num_threads`` does not reach it).
-``--scatter builtin`` uses spconv's own compiled ``scatter_add_cpu`` (the racy
-one), ``patched`` the plugin's ``torch.index_add_`` replacement
+in its own process with ``OMP_NUM_THREADS`` set (and ``torch.set_num_threads``:
+spconv's kernels run on torch's OpenMP runtime); each result records the
+thread count that runtime reports for spconv's kernels (``omp_threads``).
+``--scatter builtin`` runs spconv's own CPU sparse convolutions (its compiled,
+racy scatter-add), ``patched`` the plugin's race-free replacement
 (``mmcv_custom/spconv_cpu_scatter.py``).
 
 Prints a table per config, thread count and scatter: runs with any wrong
@@ -49,7 +50,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--threads', type=int, nargs='+', default=[1, 2], help='OMP_NUM_THREADS values')
     parser.add_argument('--load', type=int, default=2, help='busy-loop processes loading the cores meanwhile')
     parser.add_argument('--scatter', nargs='+', choices=SCATTERS, default=list(SCATTERS),
-                        help="spconv's own scatter_add_cpu (builtin) and/or the plugin's replacement (patched)")
+                        help="spconv's own CPU sparse convolutions (builtin) and/or the plugin's replacement (patched)")
     parser.add_argument('--sites', type=int, default=4000, help='active voxels of the random input')
     parser.add_argument('--grid', type=int, default=128, help='largest BEV side of the cropped sparse grid')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random input')
@@ -118,6 +119,7 @@ def worker(args: argparse.Namespace) -> None:
     """One thread count (``OMP_NUM_THREADS`` set by the parent): every config x scatter, JSON lines to stdout."""
     import torch
 
+    from projects.mmdet3d_plugin.mmcv_custom.sparse_conv_check import spconv_openmp_threads
     from projects.mmdet3d_plugin.mmcv_custom.spconv_cpu_scatter import builtin_spconv_scatter_add
     threads = int(os.environ['OMP_NUM_THREADS'])
     torch.set_num_threads(threads)
@@ -131,8 +133,8 @@ def worker(args: argparse.Namespace) -> None:
                     result = check_encoder(encoder, features, coords, args.runs)
             else:
                 result = check_encoder(encoder, features, coords, args.runs)
-            result.update(config=config, threads=threads, scatter=scatter, seconds=time.perf_counter() - start,
-                          sparse_shape=list(encoder_cfg.sparse_shape))
+            result.update(config=config, threads=threads, omp_threads=spconv_openmp_threads(), scatter=scatter,
+                          seconds=time.perf_counter() - start, sparse_shape=list(encoder_cfg.sparse_shape))
             print(json.dumps(result), flush=True)
 
 

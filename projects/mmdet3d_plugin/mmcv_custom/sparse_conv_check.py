@@ -5,12 +5,66 @@ race (see :mod:`.spconv_cpu_scatter`): every ``SubMConv3d`` /
 ``SparseConv3d`` output is compared, at its active sites, with a dense
 convolution of the layer's own captured input (same weight, stride, padding,
 dilation). Inputs must be small enough for the dense volume to fit in memory.
+The race needs more than one OpenMP thread in spconv's kernels:
+:func:`spconv_openmp_threads` reads, and :func:`use_spconv_openmp_threads`
+sets, how many they use.
 """
-from typing import Dict, List, Tuple
+import contextlib
+import ctypes
+import glob
+import os.path as osp
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def _spconv_openmp_runtime() -> Optional[ctypes.CDLL]:
+    """The OpenMP runtime whose threads run spconv's CPU kernels, or None when spconv is built without OpenMP.
+
+    spconv's CPU wheel links a bundled ``libgomp`` (``spconv.libs/``), but the
+    dynamic linker resolves a library's symbols in the global scope first:
+    torch loads its own ``libgomp`` globally before spconv loads, so spconv's
+    kernels call torch's runtime (whose per-thread count ``torch.set_num_threads``
+    sets), and the bundled copy only when no OpenMP runtime is global. spconv's
+    CUDA wheels bundle none: they are built without OpenMP.
+    """
+    import spconv
+    import spconv.core_cc  # noqa: F401  (loads spconv's kernels and their runtime)
+    site_packages = osp.dirname(osp.dirname(osp.abspath(spconv.__file__)))
+    bundled = sorted(glob.glob(osp.join(site_packages, 'spconv*.libs', 'libgomp*')))
+    if not bundled:
+        return None
+    global_scope = ctypes.CDLL(None)
+    return global_scope if hasattr(global_scope, 'omp_get_max_threads') else ctypes.CDLL(bundled[0])
+
+
+def spconv_openmp_threads() -> Optional[int]:
+    """How many OpenMP threads spconv's CPU kernels called from this thread use; None without OpenMP."""
+    runtime = _spconv_openmp_runtime()
+    return runtime.omp_get_max_threads() if runtime is not None else None
+
+
+@contextlib.contextmanager
+def use_spconv_openmp_threads(threads: int) -> Iterator[None]:
+    """Run the body with ``threads`` OpenMP threads in spconv's CPU kernels called from this thread.
+
+    Sets the runtime's per-thread count (``omp_set_num_threads``), which
+    overrides ``OMP_NUM_THREADS``, and restores the previous count afterwards.
+
+    Raises:
+        RuntimeError: spconv is built without OpenMP (its CPU kernels run on one thread).
+    """
+    runtime = _spconv_openmp_runtime()
+    if runtime is None:
+        raise RuntimeError('this spconv build has no OpenMP: its CPU kernels run on one thread')
+    previous = runtime.omp_get_max_threads()
+    runtime.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        runtime.omp_set_num_threads(previous)
 
 
 def _dense_weight(module: nn.Module) -> torch.Tensor:
