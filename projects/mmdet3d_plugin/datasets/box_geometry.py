@@ -8,6 +8,11 @@ the LiDAR x axis. Extra columns (velocity) are ignored.
 """
 import numpy as np
 
+#: ``[8, 3]`` corner offsets from the bottom centre in units of ``(dx, dy, dz)``, in the box frame, in the order of
+#: mmdet3d's ``LiDARInstance3DBoxes.corners``
+_CORNER_OFFSETS = np.array([[-0.5, -0.5, 0.0], [-0.5, -0.5, 1.0], [-0.5, 0.5, 1.0], [-0.5, 0.5, 0.0],
+                            [0.5, -0.5, 0.0], [0.5, -0.5, 1.0], [0.5, 0.5, 1.0], [0.5, 0.5, 0.0]])
+
 
 def _check_boxes(boxes: np.ndarray, name: str) -> np.ndarray:
     boxes = np.asarray(boxes, dtype=np.float64)
@@ -38,6 +43,21 @@ def points_in_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
         across = -offset_x[near] * np.sin(yaw) + offset_y[near] * np.cos(yaw)
         inside[near, index] = (np.abs(along) <= dx / 2) & (np.abs(across) <= dy / 2)
     return inside
+
+
+def box_corners(boxes: np.ndarray) -> np.ndarray:
+    """``[M, 8, 3]`` corners of the boxes, in the order of mmdet3d's ``LiDARInstance3DBoxes.corners``.
+
+    mmdet3d's property rotates through its ``array_converter`` decorator,
+    whose self-referencing ``recursive_recover`` closure leaves a reference
+    cycle behind on every call; this is the same geometry in plain numpy.
+    """
+    boxes = _check_boxes(boxes, 'boxes')
+    local = _CORNER_OFFSETS[None] * boxes[:, None, 3:6]  # [M, 8, 3]
+    cos, sin = np.cos(boxes[:, 6])[:, None], np.sin(boxes[:, 6])[:, None]
+    x = local[..., 0] * cos - local[..., 1] * sin
+    y = local[..., 0] * sin + local[..., 1] * cos
+    return np.stack([x, y, local[..., 2]], axis=-1) + boxes[:, None, :3]
 
 
 def bev_corners(boxes: np.ndarray) -> np.ndarray:

@@ -9,14 +9,13 @@ Each function moves, in place and consistently,
   point that moved by ``p' = A p`` still projects onto the same pixel
   (``lidar2img' = lidar2img @ A^-1``, see ``camera_geometry``),
 
-and returns the ``[4, 4]`` matrix ``A`` it applied. Box rotations and the
-matrices come from the same mmdet3d function, so their senses cannot
-disagree.
+and returns the ``[4, 4]`` matrix ``A`` it applied. Points, boxes (mmdet3d
+reads the yaw change from the matrix) and the matrices are rotated with one
+and the same matrix, so their senses cannot disagree.
 """
 from typing import Dict, Sequence
 
 import numpy as np
-from mmdet3d.core.bbox.structures.utils import rotation_3d_in_axis
 
 from ..camera_geometry import update_lidar_matrices
 
@@ -27,6 +26,17 @@ def _box_fields(results: Dict) -> list:
     return [results[key] for key in results.get('bbox3d_fields', [])]
 
 
+def rotation_z_transposed(angle: float) -> np.ndarray:
+    """``[3, 3]`` float32 ``R^T`` of the rotation by ``angle`` radians about +z, for row-vector points ``p @ R^T``.
+
+    The matrix of mmdet3d's ``rotation_3d_in_axis(..., axis=2,
+    return_mat=True)``, built here because that function's ``array_converter``
+    decorator leaves a reference cycle behind on every call.
+    """
+    cos, sin = np.cos(angle), np.sin(angle)
+    return np.array([[cos, sin, 0.0], [-sin, cos, 0.0], [0.0, 0.0, 1.0]], dtype=np.float32)
+
+
 def rotate_scene(results: Dict, angle: float) -> np.ndarray:
     """Rotate the scene about the LiDAR z axis by ``angle`` radians (mmdet3d's sense: boxes' yaw += angle).
 
@@ -34,8 +44,7 @@ def rotate_scene(results: Dict, angle: float) -> np.ndarray:
     row-vector points are multiplied with, as mmdet3d does) and
     ``results['pcd_rotation_angle']``.
     """
-    _, rot_mat_t = rotation_3d_in_axis(np.zeros((1, 3), dtype=np.float32), float(angle), axis=2, return_mat=True)
-    rot_mat_t = np.asarray(rot_mat_t, dtype=np.float32)
+    rot_mat_t = rotation_z_transposed(angle)
     if 'points' in results:
         results['points'].rotate(rot_mat_t)
     for boxes in _box_fields(results):

@@ -8,7 +8,7 @@ from mmdet.datasets.builder import PIPELINES
 from mmdet3d.datasets.builder import OBJECTSAMPLERS
 from mmcv.utils import build_from_cfg
 
-from ..box_geometry import points_in_boxes
+from ..box_geometry import box_corners, points_in_boxes
 from ..camera_geometry import box_image_rects
 
 
@@ -116,7 +116,7 @@ class UnifiedObjectSample:
         results['points'] = points.cat([points[np.nonzero(~inside)[0]], sampled['points']])
 
         if self.sample_2d:
-            corners = gt_boxes.corners.numpy()
+            corners = box_corners(gt_boxes.tensor.numpy())
             camera_names = results.get('camera_names', [None] * len(results['img']))
             images: List[np.ndarray] = []
             for view, (image, lidar2img) in enumerate(zip(results['img'], results['lidar2img'])):
