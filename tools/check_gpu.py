@@ -28,6 +28,8 @@ fails, and the summary names every failing case:
    DN queries, changes every step, asserting finite losses, that nothing is
    compiled (``auto`` never runs a compiled path) and that torch never warns
    about running flex_attention eagerly.
+5. **Model benchmark** (CUDA only, with the speed check): ``tools/benchmark_model.py``'s
+   paired CMT vs CMT-AQR tables, R50 and VoV shapes, inference and training step.
 """
 import argparse
 import logging
@@ -36,17 +38,18 @@ import sys
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from projects.mmdet3d_plugin.apis.synthetic_batch import random_demo_batch  # noqa: E402
 from projects.mmdet3d_plugin.attention import (AttentionBias, UnsupportedAttentionError,  # noqa: E402
                                                apply_attention)
 from projects.mmdet3d_plugin.models.aqr import AttentionBiasGenerator  # noqa: E402
 from tools import benchmark_attention as bench  # noqa: E402
+from tools import benchmark_model  # noqa: E402
 
 #: (forward, gradients) relative tolerances against float64 ``math`` (SPEC: 1e-5 in fp32; low precision as the
 #: CPU tests, where PyTorch's own SDPA differs from the reference by about the dtype's unit roundoff)
@@ -206,49 +209,6 @@ def check_alpha_gradients(args: argparse.Namespace) -> List[str]:
     return failures
 
 
-def _ring_camera(yaw: float, img_w: int, img_h: int) -> np.ndarray:
-    """``lidar2img [4, 4]`` of a camera at the LiDAR origin looking along ``yaw`` (90 deg horizontal FOV)."""
-    forward, right, down = [np.cos(yaw), np.sin(yaw), 0.0], [np.sin(yaw), -np.cos(yaw), 0.0], [0.0, 0.0, -1.0]
-    lidar2cam, intrinsic = np.eye(4), np.eye(4)
-    lidar2cam[:3, :3] = [right, down, forward]
-    intrinsic[:3, :3] = [[img_w / 2, 0.0, img_w / 2], [0.0, img_w / 2, img_h / 2], [0.0, 0.0, 1.0]]
-    return intrinsic @ lidar2cam
-
-
-def random_demo_batch(cfg, num_boxes: Sequence[int], device: str, generator: torch.Generator) -> dict:
-    """A training batch for the demo model: LiDAR points around random boxes, six cameras, their metas.
-
-    Args:
-        cfg (mmcv.Config): the demo config (point-cloud range, image size).
-        num_boxes (Sequence[int]): ground-truth boxes per sample (DN queries scale with the largest).
-        device (str): where the tensors go.
-        generator (torch.Generator): the randomness.
-    """
-    from mmdet3d.core.bbox import LiDARInstance3DBoxes
-
-    x_min, y_min, z_min, x_max, y_max, z_max = cfg.point_cloud_range
-    img_h, img_w = cfg.ida_aug_conf['final_dim']
-    cameras = [_ring_camera(view * np.pi / 3, img_w, img_h) for view in range(6)]
-    data = dict(img_metas=[], gt_bboxes_3d=[], gt_labels_3d=[], points=[])
-    for count in num_boxes:
-        boxes = torch.zeros(count, 9)
-        boxes[:, :2] = (torch.rand(count, 2, generator=generator) - 0.5) * 0.8 * (x_max - x_min)
-        boxes[:, 2] = -1.5
-        boxes[:, 3:6] = torch.rand(count, 3, generator=generator) * 3 + 1
-        boxes[:, 6] = (torch.rand(count, generator=generator) - 0.5) * 2 * torch.pi
-        centres = boxes[:, None, :3] + torch.randn(count, 200, 3, generator=generator) * 0.5
-        points = torch.cat([centres.reshape(-1, 3), torch.rand(count * 200, 2, generator=generator)], 1)
-        inside = ((points[:, 0] > x_min) & (points[:, 0] < x_max) & (points[:, 1] > y_min) & (points[:, 1] < y_max)
-                  & (points[:, 2] > z_min) & (points[:, 2] < z_max))
-        data['points'].append(points[inside].to(device))
-        data['gt_bboxes_3d'].append(LiDARInstance3DBoxes(boxes, box_dim=9).to(device))
-        data['gt_labels_3d'].append(torch.randint(0, len(cfg.class_names), (count, ), generator=generator).to(device))
-        data['img_metas'].append(dict(box_type_3d=LiDARInstance3DBoxes, lidar2img=cameras,
-                                      img_shape=[(img_h, img_w, 3)] * 6, pad_shape=[(img_h, img_w, 3)] * 6))
-    data['img'] = torch.randn(len(num_boxes), 6, 3, img_h, img_w, generator=generator).to(device)
-    return data
-
-
 def check_training(args: argparse.Namespace) -> List[str]:
     """``--steps`` training iterations of the demo model, DN query count changing: no compile, no eager flex."""
     from mmcv import Config
@@ -309,6 +269,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failures += check_training(args)
     if not args.skip_benchmark:
         run_benchmark(args)
+        if args.device == 'cuda':  # CMT vs CMT-AQR, R50 and VoV shapes, inference and training step
+            benchmark_model.main(['--device', 'cuda'])
     if failures:
         print(f'\ncheck_gpu FAILED ({len(failures)} cases):')
         for failure in failures:
