@@ -26,17 +26,23 @@ fails, and the summary names every failing case:
    optimizer step) of the demo model (``configs/demo/cmt_aqr_synthetic_tiny.py``)
    on random batches whose number of ground-truth boxes, and so the number of
    DN queries, changes every step, asserting finite losses, that nothing is
-   compiled (``auto`` never runs a compiled path) and that torch never warns
-   about running flex_attention eagerly.
+   compiled (``auto`` never runs a compiled path), that torch never warns
+   about running flex_attention eagerly, and, on CUDA, that nothing waits for
+   the device (``torch.cuda.set_sync_debug_mode('error')``) except the
+   regions that must (``permitted_host_sync``: voxelization, whose sizes are
+   data, and the loss's Hungarian matching on the host). It also prints how
+   many attention rows ``segment`` left inexact (its recomputation budget,
+   ``segment_inexact_rows`` in the training log).
 5. **Model benchmark** (CUDA only, with the speed check): ``tools/benchmark_model.py``'s
    paired CMT vs CMT-AQR tables, R50 and VoV shapes, inference and training step.
 """
 import argparse
+import contextlib
 import logging
 import os.path as osp
 import sys
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -209,8 +215,23 @@ def check_alpha_gradients(args: argparse.Namespace) -> List[str]:
     return failures
 
 
+@contextlib.contextmanager
+def host_syncs_are_errors(device: str) -> Iterator[None]:
+    """On CUDA, make every host synchronisation outside ``permitted_host_sync`` blocks raise (sync-debug mode)."""
+    if device != 'cuda':
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 def check_training(args: argparse.Namespace) -> List[str]:
-    """``--steps`` training iterations of the demo model, DN query count changing: no compile, no eager flex."""
+    """``--steps`` training iterations of the demo model, DN query count changing: no compile, no eager flex, on
+    CUDA no host synchronisation outside the permitted regions (voxelization, the loss's Hungarian matching)."""
     from mmcv import Config
     from mmdet3d.models import build_model
     from torch._dynamo.utils import counters
@@ -225,23 +246,36 @@ def check_training(args: argparse.Namespace) -> List[str]:
     generator = torch.Generator().manual_seed(0)
     counters.clear()
     failures, box_counts, losses = [], [], []
+    inexact_rows = 0.0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         for step in range(args.steps):
             num_boxes = (1 + step % 7, 1 + (3 * step) % 5)  # the DN queries follow the largest count
             box_counts.append(max(num_boxes))
-            outputs = model.train_step(random_demo_batch(cfg, num_boxes, args.device, generator), optimizer=None)
-            optimizer.zero_grad()
-            outputs['loss'].backward()
-            optimizer.step()
-            losses.append(float(outputs['loss']))
+            batch = random_demo_batch(cfg, num_boxes, args.device, generator)
+            try:
+                with host_syncs_are_errors(args.device):
+                    log_vars = model(return_loss=True, **batch)
+                    loss = sum(value for name, value in log_vars.items() if 'loss' in name)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            except RuntimeError as error:
+                if 'synchroniz' not in str(error):
+                    raise
+                failures.append(f'training: a host synchronisation outside the permitted regions (step {step}): '
+                                f'{error}')
+                break
+            losses.append(float(loss))
+            inexact_rows += float(log_vars.get('segment_inexact_rows', 0.0))
     graphs = counters['stats']['unique_graphs']
     eager_flex = [str(w.message) for w in caught if EAGER_FLEX_WARNING in str(w.message)
                   or 'materializes' in str(w.message)]
     print(f'demo model training: {args.steps} iterations, ground-truth boxes per batch {sorted(set(box_counts))} '
           f'(DN query count changes), loss {losses[0]:.3f} -> {losses[-1]:.3f}, {graphs} compiled graphs, '
-          f'{len(eager_flex)} eager-flex warnings')
-    if not all(torch.isfinite(torch.tensor(losses))):
+          f'{len(eager_flex)} eager-flex warnings, {inexact_rows:.0f} attention rows left inexact by segment\'s '
+          f'recomputation budget, host synchronisations {"errors" if args.device == "cuda" else "not checked (CPU)"}')
+    if not losses or not all(torch.isfinite(torch.tensor(losses))):
         failures.append(f'training: non-finite loss {losses}')
     if graphs:
         failures.append(f'training: {graphs} graphs compiled (auto must not run a compiled path)')
