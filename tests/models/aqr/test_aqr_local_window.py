@@ -1,9 +1,8 @@
-"""The gathered local-window attention (LAM) equals attention with a dense window mask."""
+"""The local-window attention (LAM) equals attention with a dense window mask and the gathered formulation."""
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.models.aqr.local_window import (LocalWindowAttention, gather_tokens,
-                                                             window_offsets, window_token_index)
+from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention, window_offsets, window_token_index
 
 BEV_HW, CAM = (6, 7), (2, 4, 5)  # BEV rows x cols; camera views x rows x cols
 
@@ -65,13 +64,17 @@ def test_gathered_window_attention_equals_dense_mask_reference(lidar_window, cam
     key, value = torch.randn(bs, num_keys, dims), torch.randn(bs, num_keys, dims)
     index, valid = _window_index(pts_bev, pers, visible, lidar_window, camera_window)
 
+    key.requires_grad_(True)
+    value.requires_grad_(True)
     out = module(query, key, value, index, valid)
     ref = _dense_attention(module, query, key, value,
                            _dense_window_mask(pts_bev, pers, visible, lidar_window, camera_window))
     assert torch.allclose(out, ref, atol=1e-5)
-    grad, = torch.autograd.grad(out.square().sum(), query)
-    grad_ref, = torch.autograd.grad(ref.square().sum(), query)
-    assert torch.allclose(grad, grad_ref, atol=1e-5)
+    inputs = [query, key, value] + list(module.parameters())
+    grads = torch.autograd.grad(out.square().sum(), inputs)
+    grads_ref = torch.autograd.grad(ref.square().sum(), inputs)
+    for grad, grad_ref in zip(grads, grads_ref):
+        assert torch.allclose(grad, grad_ref, atol=1e-5)
     # the gathered windows hold exactly the keys of the dense mask
     assert valid.sum().item() == _dense_window_mask(pts_bev, pers, visible, lidar_window, camera_window).sum().item()
 
@@ -103,11 +106,50 @@ def test_query_without_valid_token_is_finite():
     assert not torch.allclose(out[0, 1], module.out_proj.bias)
 
 
-def test_offsets_and_gather():
+def _gathered_attention(module, query, key, value, index, valid):
+    """The window attention through gathered ``[bs, Q, L, C]`` copies of the window tokens, with the module's
+    attention dropout drawn on ``[bs, Q, heads, L]`` probabilities (the formulation before issue 24)."""
+    bs, num_query, dims = query.shape
+    heads = module.num_heads
+
+    def gathered(tokens):
+        flat = index.reshape(bs, -1, 1).expand(-1, -1, dims)
+        return tokens.gather(1, flat).reshape(bs, num_query, -1, heads, dims // heads)
+
+    q = module.q_proj(query).reshape(bs, num_query, heads, -1)
+    scores = torch.einsum('bqhd,bqlhd->bqhl', q, gathered(module.k_proj(key))) * (dims // heads)**-0.5
+    scores = scores.masked_fill(~valid[:, :, None], float('-inf')).masked_fill(~valid.any(-1)[..., None, None], 0.0)
+    probs = module.attn_drop(scores.softmax(-1) * valid[:, :, None])
+    out = torch.einsum('bqhl,bqlhd->bqhd', probs, gathered(module.v_proj(value)))
+    return module.out_proj(out.reshape(bs, num_query, dims))
+
+
+def test_dropout_in_training_equals_the_gathered_formulation_with_the_same_random_numbers():
+    """Training mode with attention dropout: same outputs and gradients (q, k, v, weights) as gathering the
+    window tokens and dropping out their probabilities, from the same random state."""
+    bs, num_query, dims = 2, 10, 16
+    pts_bev, pers, visible = _random_queries(bs, num_query)
+    num_keys = BEV_HW[0] * BEV_HW[1] + CAM[0] * CAM[1] * CAM[2]
+    module = LocalWindowAttention(dims, num_heads=4, attn_drop=0.3).train()
+    query = torch.randn(bs, num_query, dims, requires_grad=True)
+    key, value = (torch.randn(bs, num_keys, dims, requires_grad=True) for _ in range(2))
+    index, valid = _window_index(pts_bev, pers, visible, 5, 3)
+    inputs = [query, key, value] + list(module.parameters())
+    torch.manual_seed(7)
+    out = module(query, key, value, index, valid)
+    grads = torch.autograd.grad(out.square().sum(), inputs)
+    torch.manual_seed(7)
+    ref = _gathered_attention(module, query, key, value, index, valid)
+    grads_ref = torch.autograd.grad(ref.square().sum(), inputs)
+    assert torch.allclose(out, ref, atol=1e-6)
+    for grad, grad_ref in zip(grads, grads_ref):
+        assert torch.allclose(grad, grad_ref, atol=1e-5)
+    torch.manual_seed(8)
+    assert not torch.allclose(module(query, key, value, index, valid), out), 'dropout did not act'
+
+
+def test_offsets_and_sizes():
     assert window_offsets(3).tolist() == [[-1, -1], [-1, 0], [-1, 1], [0, -1], [0, 0], [0, 1], [1, -1], [1, 0], [1, 1]]
-    tokens = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)
-    got = gather_tokens(tokens, torch.tensor([[[3, 0]], [[1, 1]]]))
-    assert got.squeeze(-1).tolist() == [[[3.0, 0.0]], [[5.0, 5.0]]]
     with pytest.raises(ValueError, match='odd'):
         window_offsets(4)
     with pytest.raises(ValueError, match='divisible'):

@@ -1,6 +1,6 @@
-"""Local attention mask (LAM) as a sparse gather of each query's window tokens.
+"""Local attention mask (LAM) as sparse products over each query's window tokens.
 
-Instead of a dense ``[bs * heads, Q, K]`` boolean mask, every query gathers
+Instead of a dense ``[bs * heads, Q, K]`` boolean mask, every query addresses
 the memory tokens inside its windows (``window_size x window_size`` cells
 around its projected cell: at most ``15 * 15`` camera + ``5 * 5`` BEV tokens
 with the defaults) through an index tensor, and attends over those only. This
@@ -16,8 +16,9 @@ at token 0 and their validity flag is False.
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ...attention.backends.window_slots import SlotPattern
 
 
 def check_window_size(window_size: int, name: str = 'window_size') -> int:
@@ -76,27 +77,55 @@ def window_token_index(centers: Tensor,
     return torch.where(valid, index, torch.zeros_like(index)), valid
 
 
-def gather_tokens(tokens: Tensor, index: Tensor) -> Tensor:
-    """Gather per-query tokens.
+class WindowAttentionFunction(torch.autograd.Function):
+    """Softmax attention of each query over its own window slots, with sparse slot products and no gathered copy.
 
-    Args:
-        tokens (Tensor): ``[bs, K, C]``.
-        index (Tensor): ``[bs, Q, L]`` long, values in ``[0, K)``.
-
-    Returns:
-        Tensor: ``[bs, Q, L, C]``.
+    The forward computes ``p = softmax_j(scale * q . k_j)`` over the valid
+    slots ``j`` of each query and ``out = sum_j p_j keep_j v_j``; the backward
+    is written out (``dS = p (dP - sum_j p_j dP_j)`` with
+    ``dP_j = keep_j dout . v_j``) with the same products, so neither pass makes
+    a ``[bs, Q, L, C]`` copy of the window tokens.
     """
-    bs, num_query, length = index.shape
-    flat = index.reshape(bs, num_query * length, 1).expand(-1, -1, tokens.shape[-1])
-    return tokens.gather(1, flat).reshape(bs, num_query, length, tokens.shape[-1])
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, pattern: SlotPattern, valid: Tensor,
+                keep: Optional[Tensor], scale: float) -> Tensor:
+        """Args: q ``[bs, heads, Q, d]``; k, v ``[bs, heads, K, d]``; pattern (the ``[bs, Q, L]`` slots);
+        valid ``[bs, 1, Q, L]`` bool; keep ``[bs, heads, Q, L]`` dropout scale (0 or 1 / (1 - p)) or None;
+        scale. Returns ``[bs, heads, Q, d]`` in v's dtype (a query with no valid slot gets 0)."""
+        scores = pattern.dot(q, k, scale).masked_fill_(~valid, float('-inf'))
+        scores.masked_fill_(~valid.any(-1, keepdim=True), 0.0)
+        probs = torch.softmax(scores, -1).mul_(valid)
+        weights = probs if keep is None else probs * keep
+        ctx.save_for_backward(q, k, v, probs, keep)
+        ctx.pattern, ctx.scale = pattern, scale
+        return pattern.weighted_sum(weights, v).to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, probs, keep = ctx.saved_tensors
+        pattern, scale = ctx.pattern, ctx.scale
+        grad_out = grad_out.float()
+        grad_probs = pattern.dot(grad_out, v)
+        if keep is not None:
+            grad_probs.mul_(keep)
+        grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-1, keepdim=True))
+        grad_q = pattern.weighted_sum(grad_scores, k).mul_(scale)
+        grad_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        pattern.scatter_add_(grad_k, grad_scores, q, alpha=scale)
+        grad_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        pattern.scatter_add_(grad_v, probs if keep is None else probs * keep, grad_out)
+        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None, None
 
 
 class LocalWindowAttention(nn.Module):
-    """Multi-head attention of each query over its own gathered window tokens.
+    """Multi-head attention of each query over its own window tokens.
 
-    Projections are applied to the whole memory once (``K`` tokens), then the
-    projected keys/values of every query's window are gathered, so the cost is
-    ``O(K * C^2 + Q * L * C)`` and no ``[Q, K]`` tensor exists.
+    Projections are applied to the whole memory once (``K`` tokens), then each
+    query attends over its window slots through sparse slot products
+    (:class:`WindowAttentionFunction`), so the cost is
+    ``O(K * C^2 + Q * L * C)``, no ``[Q, K]`` tensor exists and no
+    ``[Q, L, C]`` copy of the window tokens is made.
 
     Args:
         embed_dims (int): channels ``C``.
@@ -133,14 +162,16 @@ class LocalWindowAttention(nn.Module):
         """
         bs, num_query, _ = query.shape
         heads, head_dim = self.num_heads, self.embed_dims // self.num_heads
-        q = self.q_proj(query).reshape(bs, num_query, heads, head_dim)
-        k = gather_tokens(self.k_proj(key), index).reshape(bs, num_query, -1, heads, head_dim)
-        v = gather_tokens(self.v_proj(value), index).reshape(bs, num_query, -1, heads, head_dim)
-        scores = torch.einsum('bqhd,bqlhd->bqhl', q, k).float() * head_dim**-0.5
-        slot_valid = valid[:, :, None, :]  # [bs, Q, 1, L]
-        any_valid = valid.any(dim=-1)[:, :, None, None]
-        scores = scores.masked_fill(~slot_valid, float('-inf')).masked_fill(~any_valid, 0.0)
-        probs = F.softmax(scores, dim=-1) * slot_valid
-        probs = self.attn_drop(probs).to(v.dtype)
-        out = torch.einsum('bqhl,bqlhd->bqhd', probs, v).reshape(bs, num_query, self.embed_dims)
+        q = self.q_proj(query).reshape(bs, num_query, heads, head_dim).transpose(1, 2)
+        k = self.k_proj(key).reshape(bs, key.size(1), heads, head_dim).transpose(1, 2)
+        v = self.v_proj(value).reshape(bs, value.size(1), heads, head_dim).transpose(1, 2)
+        keep = None
+        if self.training and self.attn_drop.p > 0:
+            # the dropout scale of every (query, head, slot), drawn in the order nn.Dropout draws it on [bs, Q, h, L]
+            keep = self.attn_drop(torch.ones(bs, num_query, heads, index.size(-1), device=query.device))
+            keep = keep.permute(0, 2, 1, 3)
+        pattern = SlotPattern(index, key.size(1), heads)
+        with torch.autocast(query.device.type, enabled=False):  # the products run in float32 themselves
+            out = WindowAttentionFunction.apply(q, k, v, pattern, valid[:, None], keep, head_dim**-0.5)
+        out = out.transpose(1, 2).reshape(bs, num_query, self.embed_dims)
         return self.out_proj(out)

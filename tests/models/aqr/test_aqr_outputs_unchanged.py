@@ -1,0 +1,65 @@
+"""CMT-AQR's losses and boxes stay those of the recorded reference while AQR's code is optimised.
+
+``tests/data/reference/cmt_aqr_r50/outputs.pt`` holds the training losses and
+every query's test-time box code and class logits of the reduced R50 CMT-AQR config (fixed weights and inputs,
+fp32 CPU), recorded before AQR's router was moved to sparse window products
+(issue 24). Regenerate it only for an intended change of the outputs::
+
+    python tests/models/aqr/test_aqr_outputs_unchanged.py
+"""
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+
+REFERENCE = os.path.join(os.path.dirname(__file__), '..', '..', 'data', 'reference', 'cmt_aqr_r50', 'outputs.pt')
+RTOL = 1e-6
+BOX_OUTPUTS = ('center', 'height', 'dim', 'rot', 'vel', 'cls_logits')
+
+
+def reference_outputs(cmt_test_data) -> dict:
+    """Training losses and test boxes of the reduced R50 CMT-AQR config, everything seeded."""
+    from mmdet3d.models import build_model
+
+    import projects.mmdet3d_plugin  # noqa: F401
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
+    model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    data = cmt_test_data['random_batch']((3, 2))
+    model.train()
+    torch.manual_seed(1)
+    losses = model.forward_train(**data)
+    model.eval()
+    with torch.no_grad():
+        img_feats, pts_feats = model.extract_feat(data['points'], img=data['img'], img_metas=data['img_metas'])
+        outs = model.pts_bbox_head(pts_feats, img_feats, data['img_metas'])
+    # every query's decoded box code and class logits of the last layer (the boxes simple_test ranks)
+    boxes = [torch.cat([task[0][key][-1] for key in BOX_OUTPUTS], -1) for task in outs]
+    return dict(losses={name: value.detach() for name, value in losses.items()}, boxes=boxes)
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-12))
+
+
+def test_losses_and_boxes_equal_the_recorded_reference(cmt_test_data):
+    expected = torch.load(REFERENCE)
+    actual = reference_outputs(cmt_test_data)
+    assert sorted(actual['losses']) == sorted(expected['losses'])
+    for name, value in expected['losses'].items():
+        assert _relative(actual['losses'][name], value) <= RTOL, name
+    assert len(actual['boxes']) == len(expected['boxes'])
+    for boxes, ref_boxes in zip(actual['boxes'], expected['boxes']):
+        assert boxes.shape == ref_boxes.shape and _relative(boxes, ref_boxes) <= RTOL
+
+
+if __name__ == '__main__':
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
+    from conftest import cmt_test_data as fixture  # noqa: E402
+    torch.save(reference_outputs(fixture.__wrapped__()), REFERENCE)
+    print(f'wrote {REFERENCE}')
