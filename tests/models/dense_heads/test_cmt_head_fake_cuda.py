@@ -17,10 +17,13 @@ import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
 
 
-@pytest.mark.parametrize('use_local_bias', [True, False])
-def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data, use_local_bias, monkeypatch):
+@pytest.mark.parametrize('use_local_bias, modality_passes', [(True, ('fused', )), (False, ('fused', )),
+                                                              (True, ('fused', 'lidar', 'camera'))])
+def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data, use_local_bias, modality_passes,
+                                                                  monkeypatch):
     cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
     cfg.model.pts_bbox_head.attention_bias_config.update(use_local_bias=use_local_bias)
+    cfg.model.pts_bbox_head.modality_passes = modality_passes
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     model.init_weights()
     model.train()
@@ -53,3 +56,6 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
                                                 cmt_test_data['num_query'])
         routing = task['aqr_routing']
         assert routing is not None
+        passes = task.get('modality_passes', {})
+        assert tuple(passes) == modality_passes[1:]
+        assert all(p[0][0]['cls_logits'].shape == task['cls_logits'].shape for p in passes.values())

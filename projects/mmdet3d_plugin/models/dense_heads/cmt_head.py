@@ -3,7 +3,9 @@
 ``CmtHead`` (fusion) decodes 900 learned anchor queries against the memory
 ``[BEV tokens ; camera tokens]``; ``CmtLidarHead`` uses BEV tokens only and
 ``CmtImageHead`` camera tokens only. Parameter names equal upstream CMT's, so
-published checkpoints load with no missing or unexpected keys.
+published checkpoints load with no missing or unexpected keys. In training,
+``CmtHead`` can also decode the same queries against each modality's tokens
+alone (``modality_passes``, see :mod:`.modality_passes`).
 
 Position encodings (sizes always read from the feature maps):
 
@@ -44,8 +46,11 @@ from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw,
 from ..utils.denoising import DenoisingQueries, build_dn_queries
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
-from .aqr_routing import AQRRoutingMixin, routing_of
+from .aqr_routing import AQRRoutingMixin, RoutedInputs, routing_of
 from .cmt_head_loss import CmtHeadLossMixin
+from .key_range_bias import restrict_to_keys
+from .modality_passes import (FUSED, PASS_PREDICTIONS_KEY, TRAINED_SAMPLES_KEY, ModalityPass, build_modality_passes,
+                              trained_samples)
 
 NUSCENES_TASKS = (
     dict(num_class=1, class_names=['car']),
@@ -115,6 +120,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             naming it.
         aqr_use_local_bias (bool, optional): the design notes' form of
             ``attention_bias_config``'s ``use_local_bias``; raises likewise.
+        modality_passes (Sequence[str]): decoding passes of a training step,
+            ``'fused'`` and optionally ``'lidar'`` / ``'camera'`` (the BEV or
+            the camera tokens only; fusion head only), each with its own
+            matching, DN and losses (see :mod:`.modality_passes`). Inference
+            decodes the fused pass. Default ``('fused',)``: plain CMT.
         init_cfg (dict, optional): must be None.
     """
 
@@ -154,6 +164,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  modulator_config: Optional[dict] = None,
                  aqr_bias_strength: Optional[float] = None,
                  aqr_use_local_bias: Optional[bool] = None,
+                 modality_passes: Sequence[str] = ('fused', ),
                  init_cfg: Optional[dict] = None) -> None:
         reject_renamed_keys(type(self).__name__, HEAD_RENAMED_KEYS, renderer_config=renderer_config,
                             modulator_config=modulator_config, aqr_bias_strength=aqr_bias_strength,
@@ -186,6 +197,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         self.train_cfg = train_cfg
         self.test_cfg = test_cfg
         self.fp16_enabled = False
+        self.modality_passes = build_modality_passes(modality_passes, type(self).__name__, self.uses_lidar,
+                                                     self.uses_camera)
 
         self.loss_cls = build_loss(loss_cls)
         self.loss_bbox = build_loss(loss_bbox)
@@ -317,8 +330,12 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             ``cls_logits [L, bs, Q, C_t]``; in training also ``dn_queries``
             (``DenoisingQueries`` or None) and, with DN queries, the same six
             outputs for them prefixed ``dn_`` (``[L, bs, pad_size, .]``).
-            With AQR the first task's dict also holds ``aqr_routing``
-            (:class:`QueryRouting`: the weights and projections of the queries).
+            These are the fused pass's. With AQR the first task's dict also
+            holds ``aqr_routing`` (:class:`QueryRouting`: the weights and
+            projections of the queries); in training with more passes it
+            holds ``modality_passes``: ``{pass name: that pass's outputs}``
+            in this layout, whose first task's dict adds ``trained_samples``
+            (per sample, whether the pass's input was there).
         """
         bev_feat = self._bev_input(pts_feats)
         img_feat = self._camera_input(img_feats)
@@ -346,12 +363,50 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         rv_pos = self.rv_pos_embed(img_feat, img_metas) if img_feat is not None else None
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
                                     dn_queries)
-        outs_dec = self._run_transformer(routed.bev_feat, bev_pos, routed.img_feat, rv_pos, query_embed,
-                                         self_attn_mask, routed.cross_attn_bias)
-        outs_dec = torch.nan_to_num(outs_dec)
-        preds_dicts = self._task_predictions(outs_dec, reference_points, dn_queries)
+        passes = self.modality_passes if self.training else (FUSED, )
+        decoded = [self._decode_pass(modality_pass, routed, bev_pos, rv_pos, query_embed, self_attn_mask,
+                                     reference_points, dn_queries, img_metas) for modality_pass in passes]
+        preds_dicts = decoded[0]
         if routed.routing is not None:
             preds_dicts[0][0]['aqr_routing'] = routed.routing
+        if len(passes) > 1:
+            preds_dicts[0][0][PASS_PREDICTIONS_KEY] = {
+                modality_pass.name: pass_preds for modality_pass, pass_preds in zip(passes[1:], decoded[1:])}
+        return preds_dicts
+
+    def _decode_pass(self, modality_pass: ModalityPass, routed: RoutedInputs, bev_pos: Optional[Tensor],
+                     rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
+                     reference_points: Tensor, dn_queries: Optional[DenoisingQueries],
+                     img_metas: Sequence[dict]) -> Tuple[List[dict], ...]:
+        """Decode the queries against the pass's keys only, with the routing bias of those keys.
+
+        Args:
+            modality_pass (ModalityPass): which keys.
+            routed (RoutedInputs): features and fused bias from :meth:`route_queries`.
+            bev_pos (Tensor, optional): ``[H * W, C]``.
+            rv_pos (Tensor, optional): ``[bs * N, h, w, C]``.
+            query_embed (Tensor): ``[bs, P, C]``.
+            self_attn_mask (Tensor, optional): ``[P, P]`` DN mask.
+            reference_points (Tensor): ``[bs, P, 3]``.
+            dn_queries (DenoisingQueries, optional): the DN part of the queries.
+            img_metas (Sequence[dict]): ``dropped_modalities`` per sample.
+
+        Returns:
+            tuple[list[dict]]: per task predictions, as :meth:`forward`; a
+            single-modality pass's first task dict adds ``trained_samples``.
+        """
+        bev_feat, img_feat, bias = routed.bev_feat, routed.img_feat, routed.cross_attn_bias
+        if modality_pass is not FUSED:
+            num_camera = rv_pos.shape[:3].numel() // query_embed.size(0)  # N * h * w
+            bias = restrict_to_keys(bias, *modality_pass.key_range(bev_pos.size(0), num_camera))
+            if not modality_pass.uses_lidar:
+                bev_feat, bev_pos = None, None
+            if not modality_pass.uses_camera:
+                img_feat, rv_pos = None, None
+        outs_dec = self._run_transformer(bev_feat, bev_pos, img_feat, rv_pos, query_embed, self_attn_mask, bias)
+        preds_dicts = self._task_predictions(torch.nan_to_num(outs_dec), reference_points, dn_queries)
+        if modality_pass is not FUSED:
+            preds_dicts[0][0][TRAINED_SAMPLES_KEY] = trained_samples(modality_pass, img_metas)
         return preds_dicts
 
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],

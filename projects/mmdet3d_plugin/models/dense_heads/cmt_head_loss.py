@@ -18,6 +18,13 @@ For every decoder layer and every task head:
 
 Keys: ``loss_cls`` / ``loss_bbox`` (last layer), ``d{i}.loss_cls`` / ``d{i}.loss_bbox``
 (layer ``i``), and the same with ``dn_`` when DN training is on.
+
+With per-modality decoding passes (``modality_passes.py``) every pass gets
+these losses, its own matching included; a single-modality pass's keys are
+prefixed with its name (``lidar.loss_cls``, ``lidar.d0.dn_loss_bbox``, ...),
+and ``<pass>.num_samples`` logs how many samples it trained on: samples
+whose input for the pass was dropped have no target and weight 0 (not
+matched, no DN target), and the averages count only the other samples.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,8 +35,9 @@ from mmdet.core import reduce_mean
 from torch import Tensor
 
 from ...core.bbox.util import normalize_bbox
-from ...core.host_data import device_constant
+from ...core.host_data import device_constant, host_to_device
 from ..utils.denoising import DenoisingQueries
+from .modality_passes import TRAINED_SAMPLES_KEY, decoding_passes
 
 REGRESSION_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
 
@@ -91,7 +99,7 @@ class CmtHeadLossMixin:
     @force_fp32(apply_to=('preds_dicts', ))
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
              preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
-        """Matching and DN losses of every decoder layer.
+        """Matching and DN losses of every decoder layer of every decoding pass.
 
         Args:
             gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample, with velocity.
@@ -104,110 +112,159 @@ class CmtHeadLossMixin:
         if not hasattr(self, 'assigner'):
             raise RuntimeError(f'{type(self).__name__} was built without train_cfg; it cannot compute losses')
         boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d)
-        offsets = self._class_offsets()
         task_gts = []
-        for offset, num_cls in zip(offsets, self.num_classes):
+        for offset, num_cls in zip(self._class_offsets(), self.num_classes):
             per_sample = []
             for sample_boxes, sample_labels in zip(boxes, labels):
                 local = task_labels(sample_labels, offset, num_cls)
                 keep = local < num_cls
                 per_sample.append((sample_boxes[keep], local[keep]))
             task_gts.append(per_sample)
-
-        num_layers = preds_dicts[0][0]['cls_logits'].size(0)
         losses: Dict[str, Tensor] = {}
-        matching = [self._layer_matching_loss(preds_dicts, task_gts, layer) for layer in range(num_layers)]
-        self._name_layer_losses(losses, matching, '')
+        for prefix, pass_preds in decoding_passes(preds_dicts):
+            losses.update(self._pass_losses(pass_preds, task_gts, [len(b) for b in boxes], prefix))
+        return losses
+
+    def _pass_losses(self, preds_dicts: Sequence[List[dict]], task_gts: Sequence[Sequence[Tuple[Tensor, Tensor]]],
+                     num_boxes: Sequence[int], prefix: str) -> Dict[str, Tensor]:
+        """The losses of one decoding pass, named with ``prefix``.
+
+        Args:
+            preds_dicts: the pass's per task predictions; the first task's dict
+                of a single-modality pass holds ``trained_samples`` (per
+                sample bool; without it every sample takes part).
+            task_gts: per task, per sample ``(boxes [n, 9], task labels [n])``.
+            num_boxes (Sequence[int]): ground-truth boxes per sample.
+            prefix (str): ``''`` for the fused pass, ``'<pass>.'`` otherwise.
+        """
+        first = preds_dicts[0][0]
+        trained = first.get(TRAINED_SAMPLES_KEY, (True, ) * len(num_boxes))
+        num_layers = first['cls_logits'].size(0)
+        losses: Dict[str, Tensor] = {}
+        matching = [self._layer_matching_loss(preds_dicts, task_gts, layer, trained) for layer in range(num_layers)]
+        self._name_layer_losses(losses, matching, prefix, '')
+        if TRAINED_SAMPLES_KEY in first:
+            losses[f'{prefix}num_samples'] = torch.full((), float(sum(trained)), device=matching[-1][0].device)
         if self.scalar > 0:
-            dn_queries: Optional[DenoisingQueries] = preds_dicts[0][0].get('dn_queries')
-            num_targets = dn_queries.query_index.numel() if dn_queries is not None else 0
-            # every rank calls reduce_mean exactly once, with or without DN queries
+            dn_queries: Optional[DenoisingQueries] = first.get('dn_queries')
+            num_targets, target_weights = 0, None
+            if dn_queries is not None:
+                num_targets = dn_queries.groups * sum(n for n, keep in zip(num_boxes, trained) if keep)
+                if not all(trained):
+                    target_weights = host_to_device(trained, dn_queries.batch_index.device,
+                                                    torch.float32)[dn_queries.batch_index]
+            # every rank calls reduce_mean exactly once per pass, with or without DN queries
             bbox_avg_factor = torch.clamp(reduce_mean(matching[-1][0].new_tensor([num_targets])), min=1).item()
-            dn = [self._layer_dn_loss(preds_dicts, dn_queries, offsets, layer, bbox_avg_factor)
+            dn = [self._layer_dn_loss(preds_dicts, dn_queries, layer, num_targets, bbox_avg_factor, target_weights)
                   for layer in range(num_layers)]
-            self._name_layer_losses(losses, dn, 'dn_')
+            self._name_layer_losses(losses, dn, prefix, 'dn_')
         return losses
 
     @staticmethod
-    def _name_layer_losses(losses: Dict[str, Tensor], per_layer: Sequence[Tuple[Tensor, Tensor]], prefix: str) -> None:
-        losses[f'{prefix}loss_cls'], losses[f'{prefix}loss_bbox'] = per_layer[-1]
+    def _name_layer_losses(losses: Dict[str, Tensor], per_layer: Sequence[Tuple[Tensor, Tensor]], pass_prefix: str,
+                           loss_prefix: str) -> None:
+        losses[f'{pass_prefix}{loss_prefix}loss_cls'], losses[f'{pass_prefix}{loss_prefix}loss_bbox'] = per_layer[-1]
         for layer, (loss_cls, loss_bbox) in enumerate(per_layer[:-1]):
-            losses[f'd{layer}.{prefix}loss_cls'] = loss_cls
-            losses[f'd{layer}.{prefix}loss_bbox'] = loss_bbox
+            losses[f'{pass_prefix}d{layer}.{loss_prefix}loss_cls'] = loss_cls
+            losses[f'{pass_prefix}d{layer}.{loss_prefix}loss_bbox'] = loss_bbox
 
-    def _layer_matching_loss(self, preds_dicts, task_gts, layer: int) -> Tuple[Tensor, Tensor]:
+    def _layer_matching_loss(self, preds_dicts, task_gts, layer: int,
+                             trained: Sequence[bool]) -> Tuple[Tensor, Tensor]:
         loss_cls, loss_bbox = 0, 0
         for task_id, task_preds in enumerate(preds_dicts):
             preds = task_preds[0]
             task_cls, task_bbox = self._matching_loss(
-                regression_code(preds)[layer], preds['cls_logits'][layer], task_gts[task_id])
+                regression_code(preds)[layer], preds['cls_logits'][layer], task_gts[task_id], trained)
             loss_cls, loss_bbox = loss_cls + task_cls, loss_bbox + task_bbox
         return loss_cls, loss_bbox
 
-    def _matching_loss(self, codes: Tensor, logits: Tensor,
-                       gts: Sequence[Tuple[Tensor, Tensor]]) -> Tuple[Tensor, Tensor]:
+    def _matching_loss(self, codes: Tensor, logits: Tensor, gts: Sequence[Tuple[Tensor, Tensor]],
+                       trained: Sequence[bool]) -> Tuple[Tensor, Tensor]:
         """One task, one decoder layer.
 
         Args:
             codes (Tensor): ``[bs, Q, 10]`` predicted codes.
             logits (Tensor): ``[bs, Q, C_t]``.
             gts: per sample ``(boxes [n, 9], task labels [n])``.
+            trained (Sequence[bool]): per sample whether it takes part; the
+                others are not matched and weigh 0.
         """
         num_task_classes = logits.size(-1)
-        cls_targets, pos_preds, pos_targets = [], [], []
-        for sample_codes, sample_logits, (gt_boxes, gt_labels) in zip(codes, logits, gts):
-            assigned = self.assigner.assign(sample_codes, sample_logits, gt_boxes, gt_labels).gt_inds
+        cls_targets, cls_weights, pos_preds, pos_targets = [], [], [], []
+        for sample_codes, sample_logits, (gt_boxes, gt_labels), keep in zip(codes, logits, gts, trained):
+            if keep:
+                assigned = self.assigner.assign(sample_codes, sample_logits, gt_boxes, gt_labels).gt_inds
+            else:
+                assigned = torch.zeros(sample_codes.size(0), dtype=torch.long, device=sample_codes.device)
             positive = assigned > 0
             matched = assigned[positive] - 1
             targets = torch.full_like(assigned, num_task_classes)
             targets[positive] = gt_labels[matched]
             cls_targets.append(targets)
+            cls_weights.append(torch.full_like(targets, float(keep), dtype=logits.dtype))
             pos_preds.append(sample_codes[positive])
             pos_targets.append(gt_boxes[matched])
         cls_targets = torch.cat(cls_targets)
         num_pos = sum(len(p) for p in pos_preds)
-        num_neg = cls_targets.numel() - num_pos
-        flat_logits = logits.flatten(0, 1)
-        loss_cls = self.loss_cls(flat_logits, cls_targets, torch.ones_like(cls_targets, dtype=flat_logits.dtype),
+        num_neg = sum(trained) * logits.size(1) - num_pos
+        loss_cls = self.loss_cls(logits.flatten(0, 1), cls_targets, torch.cat(cls_weights),
                                  avg_factor=max(num_pos + 0.1 * num_neg, 1.0))
         loss_bbox = self._code_l1_loss(torch.cat(pos_preds), torch.cat(pos_targets), avg_factor=num_pos)
         return torch.nan_to_num(loss_cls), torch.nan_to_num(loss_bbox)
 
-    def _code_l1_loss(self, pred_codes: Tensor, gt_boxes: Tensor, avg_factor: float) -> Tensor:
-        """L1 between ``[n, 10]`` predicted codes and the codes of ``[n, 9]`` boxes, non-finite targets skipped."""
+    def _code_l1_loss(self, pred_codes: Tensor, gt_boxes: Tensor, avg_factor: float,
+                      target_weights: Optional[Tensor] = None) -> Tensor:
+        """L1 between ``[n, 10]`` predicted codes and the codes of ``[n, 9]`` boxes, non-finite targets skipped.
+
+        ``target_weights`` (``[n]``, optional) scales each box's code weights.
+        """
         target = normalize_bbox(gt_boxes)
         finite = torch.isfinite(target).all(dim=-1)
         weights = self._code_weights(pred_codes).expand_as(pred_codes)
+        if target_weights is not None:
+            weights = weights * target_weights[:, None]
         return self.loss_bbox(pred_codes[finite], target[finite], weights[finite], avg_factor=avg_factor)
 
-    def _layer_dn_loss(self, preds_dicts, dn_queries: Optional[DenoisingQueries], offsets: Sequence[int], layer: int,
-                       bbox_avg_factor: float) -> Tuple[Tensor, Tensor]:
+    def _layer_dn_loss(self, preds_dicts, dn_queries: Optional[DenoisingQueries], layer: int, num_targets: int,
+                       bbox_avg_factor: float, target_weights: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         loss_cls, loss_bbox = 0, 0
-        for task_id, task_preds in enumerate(preds_dicts):
+        for offset, task_preds in zip(self._class_offsets(), preds_dicts):
             preds = task_preds[0]
             if dn_queries is None:
                 zero = preds['cls_logits'][layer].sum() * 0
                 task_cls, task_bbox = zero, zero
             else:
                 task_cls, task_bbox = self._dn_loss(regression_code(preds, 'dn_')[layer], preds['dn_cls_logits'][layer],
-                                                    dn_queries, offsets[task_id], bbox_avg_factor)
+                                                    dn_queries, offset, num_targets, bbox_avg_factor, target_weights)
             loss_cls, loss_bbox = loss_cls + task_cls, loss_bbox + task_bbox
         return loss_cls, loss_bbox
 
-    def _dn_loss(self, codes: Tensor, logits: Tensor, dn_queries: DenoisingQueries, offset: int,
-                 bbox_avg_factor: float) -> Tuple[Tensor, Tensor]:
-        """One task, one decoder layer of DN queries (``codes [bs, pad, 10]``, ``logits [bs, pad, C_t]``)."""
+    def _dn_loss(self, codes: Tensor, logits: Tensor, dn_queries: DenoisingQueries, offset: int, num_targets: int,
+                 bbox_avg_factor: float, target_weights: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """One task, one decoder layer of DN queries.
+
+        Args:
+            codes (Tensor): ``[bs, pad, 10]``.
+            logits (Tensor): ``[bs, pad, C_t]``.
+            dn_queries (DenoisingQueries): the batch's DN queries and targets.
+            offset (int): the task's first global class.
+            num_targets (int): DN targets that take part (the classification average).
+            bbox_avg_factor (float): the regression average.
+            target_weights (Tensor, optional): ``[M]`` weight of each DN
+                target (None: all 1).
+        """
         num_task_classes = logits.size(-1)
         index = (dn_queries.batch_index, dn_queries.query_index)
         codes, logits = codes[index], logits[index]
-        num_targets = dn_queries.query_index.numel()
         cls_targets = task_labels(dn_queries.labels, offset, num_task_classes)
         avg_factor = max(num_targets * math.pi / 6 * self.split ** 3, 1.0)
-        loss_cls = self.loss_cls(logits, cls_targets, torch.ones_like(cls_targets, dtype=logits.dtype),
-                                 avg_factor=avg_factor)
+        cls_weights = torch.ones_like(cls_targets, dtype=logits.dtype) if target_weights is None \
+            else target_weights.to(logits.dtype)
+        loss_cls = self.loss_cls(logits, cls_targets, cls_weights, avg_factor=avg_factor)
         in_task = task_labels(dn_queries.gt_labels, offset, num_task_classes) < num_task_classes
         if in_task.any():
-            loss_bbox = self._code_l1_loss(codes[in_task], dn_queries.gt_bboxes[in_task], avg_factor=bbox_avg_factor)
+            loss_bbox = self._code_l1_loss(codes[in_task], dn_queries.gt_bboxes[in_task], avg_factor=bbox_avg_factor,
+                                           target_weights=None if target_weights is None else target_weights[in_task])
         else:
             loss_bbox = codes.sum() * 0
         return (self.dn_weight * torch.nan_to_num(loss_cls), self.dn_weight * torch.nan_to_num(loss_bbox))

@@ -3,7 +3,9 @@
 ``CmtTransformer`` (fusion) builds the memory ``[BEV tokens ; camera tokens]``,
 ``CmtLidarTransformer`` BEV tokens only, ``CmtImageTransformer`` camera tokens
 only. They own no parameters besides the decoder's, so upstream checkpoints
-map onto ``transformer.decoder.*`` unchanged.
+map onto ``transformer.decoder.*`` unchanged. ``CmtTransformer`` also decodes
+against one modality's tokens when the other's features are None (the
+per-modality decoding passes of ``CmtHead``).
 
 Token order (the order of the keys K, which any cross-attention bias must
 follow): BEV cell ``(h, w)`` is key ``h * W + w``; camera cell ``(v, h, w)``
@@ -31,6 +33,34 @@ def flatten_views(img_feat: torch.Tensor, batch_size: int) -> torch.Tensor:
     _, height, width, channels = img_feat.shape
     tokens = img_feat.reshape(batch_size, num_views * height * width, channels)
     return tokens.transpose(0, 1)
+
+
+def bev_memory(bev_feat: torch.Tensor, bev_pos_embed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """BEV tokens and their position embeddings.
+
+    Args:
+        bev_feat (Tensor): ``[bs, C, H, W]``.
+        bev_pos_embed (Tensor): ``[H * W, C]`` (shared by the samples).
+
+    Returns:
+        tuple[Tensor, Tensor]: memory and position embeddings, each ``[H * W, bs, C]``.
+    """
+    return flatten_bev(bev_feat), bev_pos_embed.unsqueeze(1).expand(-1, bev_feat.size(0), -1)
+
+
+def camera_memory(img_feat: torch.Tensor, rv_pos_embed: torch.Tensor,
+                  batch_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Camera tokens and their position embeddings.
+
+    Args:
+        img_feat (Tensor): ``[bs * N, C, h, w]``.
+        rv_pos_embed (Tensor): ``[bs * N, h, w, C]``.
+        batch_size (int): bs.
+
+    Returns:
+        tuple[Tensor, Tensor]: memory and position embeddings, each ``[N * h * w, bs, C]``.
+    """
+    return flatten_views(img_feat.permute(0, 2, 3, 1), batch_size), flatten_views(rv_pos_embed, batch_size)
 
 
 class _CmtTransformerBase(BaseModule):
@@ -85,32 +115,39 @@ class _CmtTransformerBase(BaseModule):
 
 @TRANSFORMER.register_module()
 class CmtTransformer(_CmtTransformerBase):
-    """Fusion transformer: queries attend to ``[BEV tokens ; camera tokens]``."""
+    """Fusion transformer: queries attend to ``[BEV tokens ; camera tokens]`` (or to one of them)."""
 
-    def forward(self, x: torch.Tensor, x_img: torch.Tensor, query_embed: torch.Tensor,
-                bev_pos_embed: torch.Tensor, rv_pos_embed: torch.Tensor,
+    def forward(self, x: Optional[torch.Tensor], x_img: Optional[torch.Tensor], query_embed: torch.Tensor,
+                bev_pos_embed: Optional[torch.Tensor], rv_pos_embed: Optional[torch.Tensor],
                 self_attn_mask: Optional[torch.Tensor] = None,
                 cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode.
 
         Args:
-            x (Tensor): ``[bs, C, H, W]`` BEV features.
-            x_img (Tensor): ``[bs * N, C, h, w]`` camera features.
-            query_embed (Tensor): ``[bs, Q, C]``.
-            bev_pos_embed (Tensor): ``[H * W, C]``.
-            rv_pos_embed (Tensor): ``[bs * N, h, w, C]``.
+            x (Tensor, optional): ``[bs, C, H, W]`` BEV features; None decodes
+                against the camera tokens only.
+            x_img (Tensor, optional): ``[bs * N, C, h, w]`` camera features;
+                None decodes against the BEV tokens only.
+            query_embed (Tensor): ``[bs, Q, C]``; its first dim gives bs.
+            bev_pos_embed (Tensor, optional): ``[H * W, C]`` (with ``x``).
+            rv_pos_embed (Tensor, optional): ``[bs * N, h, w, C]`` (with ``x_img``).
             self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
-            cross_attn_bias (Tensor | AttentionBias, optional): over the
-                ``K = H * W + N * h * w`` keys in the module docstring's order.
+            cross_attn_bias (Tensor | AttentionBias, optional): over the keys
+                given, ``K = H * W + N * h * w`` with both, in the module
+                docstring's order.
 
         Returns:
             tuple[Tensor, Tensor]: decoder outputs ``[num_layers, bs, Q, C]``
             and the memory ``[K, bs, C]``.
         """
-        bs = x.size(0)
-        memory = torch.cat((flatten_bev(x), flatten_views(x_img.permute(0, 2, 3, 1), bs)), dim=0)
-        bev_pos = bev_pos_embed.unsqueeze(1).expand(-1, bs, -1)
-        pos_embed = torch.cat((bev_pos, flatten_views(rv_pos_embed, bs)), dim=0)
+        parts = []
+        if x is not None:
+            parts.append(bev_memory(x, bev_pos_embed))
+        if x_img is not None:
+            parts.append(camera_memory(x_img, rv_pos_embed, query_embed.size(0)))
+        if not parts:
+            raise ValueError('CmtTransformer needs BEV features (x), camera features (x_img) or both')
+        memory, pos_embed = (torch.cat(tensors, dim=0) for tensors in zip(*parts))
         return self._decode(memory, pos_embed, query_embed, self_attn_mask, cross_attn_bias), memory
 
 
@@ -133,9 +170,7 @@ class CmtLidarTransformer(_CmtTransformerBase):
         Returns:
             tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[H * W, bs, C]``.
         """
-        bs = x.size(0)
-        memory = flatten_bev(x)
-        pos = pos_embed.unsqueeze(1).expand(-1, bs, -1)
+        memory, pos = bev_memory(x, pos_embed)
         return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory
 
 
@@ -158,7 +193,5 @@ class CmtImageTransformer(_CmtTransformerBase):
         Returns:
             tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[N * h * w, bs, C]``.
         """
-        bs = query_embed.size(0)
-        memory = flatten_views(x_img.permute(0, 2, 3, 1), bs)
-        pos = flatten_views(rv_pos_embed, bs)
+        memory, pos = camera_memory(x_img, rv_pos_embed, query_embed.size(0))
         return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory

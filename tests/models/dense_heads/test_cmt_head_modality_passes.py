@@ -1,0 +1,301 @@
+"""Per-modality decoding passes of CmtHead: each pass decodes only its keys, has its own losses, and the
+default (fused only) is today's CMT bit for bit."""
+import copy
+import os
+
+import pytest
+import torch
+from mmcv import Config
+from mmdet3d.models import build_model
+
+import projects.mmdet3d_plugin  # noqa: F401
+from projects.mmdet3d_plugin.attention import AttentionBias
+from projects.mmdet3d_plugin.models.dense_heads.modality_passes import PASS_PREDICTIONS_KEY
+from projects.mmdet3d_plugin.models.utils import petr_attention
+from test_cmt_head import LAYERS, features, head_cfg
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REFERENCE = os.path.join(REPO_ROOT, 'tests', 'data', 'reference', 'cmt_head_fused_pass', 'outputs.pt')
+PASSES = ('fused', 'lidar', 'camera')
+AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
+           attention_bias_config=dict(type='AttentionBiasGenerator', window_size=3, bias_scale=2.0))
+FUSED_LOSSES = {'loss_cls', 'loss_bbox', 'dn_loss_cls', 'dn_loss_bbox'} | {
+    f'd{layer}.{name}' for layer in range(LAYERS - 1)
+    for name in ('loss_cls', 'loss_bbox', 'dn_loss_cls', 'dn_loss_bbox')}
+
+
+def gts(cmt_test_data):
+    return [cmt_test_data['random_boxes'](3), cmt_test_data['random_boxes'](1)], [torch.tensor([0, 3, 4]),
+                                                                                  torch.tensor([1])]
+
+
+def fused_pass_outputs(cmt_test_data, **head_options):
+    """Training predictions, losses, gradient sums and eval predictions of a seeded small head.
+
+    ``tests/data/reference/cmt_head_fused_pass/outputs.pt`` holds what this gave before the passes existed.
+    """
+    torch.manual_seed(0)
+    head = head_cfg(**head_options)
+    bev, img = features()
+    img_metas = cmt_test_data['make_img_metas'](2)
+    boxes, labels = gts(cmt_test_data)
+    outputs = {}
+    preds = head.train()([bev], [img], img_metas, boxes, labels)
+    for task, task_preds in enumerate(preds):
+        for key, value in task_preds[0].items():
+            if isinstance(value, torch.Tensor):
+                outputs[f'train.{task}.{key}'] = value.detach().clone()
+    losses = head.loss(boxes, labels, preds)
+    for key, value in losses.items():
+        outputs[f'loss.{key}'] = value.detach().clone()
+    sum(losses.values()).backward()
+    for name, parameter in head.named_parameters():
+        if parameter.grad is not None:
+            outputs[f'grad.{name}'] = torch.stack([parameter.grad.sum(), parameter.grad.abs().sum()])
+    for task, task_preds in enumerate(head.eval()([bev], [img], img_metas)):
+        for key, value in task_preds[0].items():
+            if isinstance(value, torch.Tensor):
+                outputs[f'eval.{task}.{key}'] = value.detach().clone()
+    return outputs
+
+
+def test_default_passes_leave_outputs_losses_and_gradients_bit_identical(cmt_test_data):
+    expected = torch.load(REFERENCE)['cmt']
+    actual = fused_pass_outputs(cmt_test_data)
+    assert set(actual) == set(expected)
+    changed = [key for key, value in expected.items() if not torch.equal(actual[key], value)]
+    assert not changed, f'outputs that differ from the head before the passes existed: {changed}'
+
+
+def test_default_passes_leave_aqr_outputs_and_losses_unchanged(cmt_test_data):
+    """Bit-identical when recorded; compared to 1e-6 of each tensor's largest value, as
+    ``tests/models/aqr/test_aqr_outputs_unchanged.py`` does, so that optimising AQR's router (rounding
+    differences) does not fail it. Gradients are pinned by the plain CMT test only: the router's
+    key-projection gradients are sums near 0, whose rounding differences are relatively large."""
+    expected = torch.load(REFERENCE)['aqr']
+    actual = fused_pass_outputs(cmt_test_data, **AQR)
+    assert set(actual) == set(expected)
+    changed = [key for key, value in expected.items() if not key.startswith('grad.') and
+               float((actual[key] - value).abs().max()) > 1e-6 * float(value.abs().max())]
+    assert not changed, f'outputs that differ from the head before the passes existed: {changed}'
+
+
+@pytest.mark.parametrize('options', [{}, AQR], ids=['cmt', 'aqr'])
+def test_passes_add_no_parameters_and_inference_decodes_the_fused_pass(options, cmt_test_data):
+    default, passes = head_cfg(**options), head_cfg(modality_passes=PASSES, **options)
+    assert default.modality_passes == head_cfg(modality_passes=('fused', ), **options).modality_passes
+    assert [(k, v.shape) for k, v in passes.state_dict().items()] == \
+        [(k, v.shape) for k, v in default.state_dict().items()]
+    passes.load_state_dict(default.state_dict())
+    bev, img = features()
+    img_metas = cmt_test_data['make_img_metas'](2)
+    with torch.no_grad():
+        expected, actual = default.eval()([bev], [img], img_metas), passes.eval()([bev], [img], img_metas)
+    for expected_task, actual_task in zip(expected, actual):
+        assert set(actual_task[0]) == set(expected_task[0])
+        for key, value in expected_task[0].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(actual_task[0][key], value), key
+
+
+def freeze_routing(head, monkeypatch):
+    """Make AQR's weights those of the first call, so that the bias values do not follow the features."""
+    generator, first = head.aqr_weight_generator, []
+
+    def frozen(*args, **kwargs):
+        if not first:
+            first.append(route(*args, **kwargs))
+        return first[0]
+
+    route = generator.forward
+    monkeypatch.setattr(generator, 'forward', frozen)
+
+
+def pass_outputs(head, bev, img, img_metas, boxes, labels):
+    """``{pass: [L, bs, DN + Q, C]}`` classification logits of every pass of one training forward."""
+    torch.manual_seed(1)  # the same DN noise in every call
+    with torch.no_grad():
+        preds = head([bev], [img], img_metas, boxes, labels)
+    by_pass = dict(fused=preds, **preds[0][0][PASS_PREDICTIONS_KEY])
+    return {name: torch.cat([torch.cat([task[0]['dn_cls_logits'], task[0]['cls_logits']], dim=2)
+                             for task in pass_preds], dim=-1) for name, pass_preds in by_pass.items()}
+
+
+@pytest.mark.parametrize('options', [{}, AQR], ids=['cmt', 'aqr'])
+def test_each_pass_decodes_only_its_own_keys(options, cmt_test_data, monkeypatch):
+    """Other camera features leave the LiDAR pass unchanged and other BEV features the camera pass.
+
+    With AQR the routing weights are computed from both modalities (they set the bias values of every pass);
+    they are frozen here so that only the keys a pass attends to can carry the change.
+    """
+    head = head_cfg(modality_passes=PASSES, **options).train()
+    if options:
+        freeze_routing(head, monkeypatch)
+    bev, img = features()
+    img_metas = cmt_test_data['make_img_metas'](2)
+    boxes, labels = gts(cmt_test_data)
+    reference = pass_outputs(head, bev, img, img_metas, boxes, labels)
+    assert set(reference) == set(PASSES)
+    other_images = pass_outputs(head, bev, torch.randn_like(img), img_metas, boxes, labels)
+    other_bev = pass_outputs(head, torch.randn_like(bev), img, img_metas, boxes, labels)
+    assert torch.equal(other_images['lidar'], reference['lidar'])
+    assert torch.equal(other_bev['camera'], reference['camera'])
+    for changed, name in ((other_images, 'camera'), (other_images, 'fused'), (other_bev, 'lidar'),
+                          (other_bev, 'fused')):
+        assert not torch.allclose(changed[name], reference[name]), name
+
+
+class _KeyRecorder:
+    """Wraps apply_attention: records the number of keys and the bias of every cross-attention call."""
+
+    def __init__(self, original):
+        self.original, self.calls = original, []
+
+    def __call__(self, q, k, v, bias=None, **kwargs):
+        self.calls.append((k.size(-2), bias))
+        return self.original(q, k, v, bias=bias, **kwargs)
+
+
+@pytest.mark.parametrize('bias_options', [None, dict(use_local_bias=True), dict(use_local_bias=False, per_layer=True)],
+                         ids=['cmt', 'aqr_local', 'aqr_global_per_layer'])
+def test_each_pass_attends_to_its_keys_only_with_the_fused_bias_of_them(bias_options, cmt_test_data, monkeypatch):
+    """The fused, LiDAR and camera passes have [BEV ; camera], BEV and camera keys (left out, not zeroed)."""
+    options = {}
+    if bias_options is not None:
+        options = copy.deepcopy(AQR)
+        options['attention_bias_config'].update(bias_options, num_layers=LAYERS)
+    head = head_cfg(modality_passes=PASSES, **options).train()
+    recorder = _KeyRecorder(petr_attention.apply_attention)
+    monkeypatch.setattr(petr_attention, 'apply_attention', recorder)
+    bev, img = features()
+    boxes, labels = gts(cmt_test_data)
+    head([bev], [img], cmt_test_data['make_img_metas'](2), boxes, labels)
+    num_bev, num_camera = bev.shape[-2] * bev.shape[-1], img.shape[0] // bev.shape[0] * img.shape[-2] * img.shape[-1]
+    assert [keys for keys, _ in recorder.calls] == [num_bev + num_camera] * LAYERS + [num_bev] * LAYERS + \
+        [num_camera] * LAYERS, 'the passes must decode [BEV ; camera], BEV and camera keys, in this order'
+    if bias_options is None:
+        assert all(bias is None for _, bias in recorder.calls)
+        return
+    assert all(isinstance(bias, AttentionBias) and bias.num_keys == keys for keys, bias in recorder.calls)
+    for layer in range(LAYERS):
+        fused = recorder.calls[layer][1].to_dense()
+        lidar, camera = (recorder.calls[layer + LAYERS * i][1].to_dense() for i in (1, 2))
+        assert torch.equal(lidar.expand_as(fused[..., :num_bev]), fused[..., :num_bev])
+        assert torch.equal(camera.expand_as(fused[..., num_bev:]), fused[..., num_bev:])
+        assert lidar.abs().sum() > 0 and camera.abs().sum() > 0
+
+
+def test_each_pass_has_its_own_named_losses_and_matching(cmt_test_data):
+    head = head_cfg(modality_passes=PASSES).train()
+    bev, img = features()
+    bev.requires_grad_(True)
+    img.requires_grad_(True)
+    boxes, labels = gts(cmt_test_data)
+    preds = head([bev], [img], cmt_test_data['make_img_metas'](2), boxes, labels)
+    losses = head.loss(boxes, labels, preds)
+    assert set(losses) == FUSED_LOSSES | {f'{name}.{loss}' for name in ('lidar', 'camera') for loss in FUSED_LOSSES} \
+        | {'lidar.num_samples', 'camera.num_samples'}
+    assert losses['lidar.num_samples'] == losses['camera.num_samples'] == 2
+    assert all(torch.isfinite(value) for value in losses.values())
+    for name in ('lidar', 'camera'):
+        # the pass's losses are those of its own predictions, matched on their own
+        alone = head.loss(boxes, labels, preds[0][0][PASS_PREDICTIONS_KEY][name])
+        for loss in FUSED_LOSSES:
+            assert torch.equal(losses[f'{name}.{loss}'], alone[loss]), (name, loss)
+        assert not torch.equal(losses[f'{name}.loss_cls'], losses['loss_cls'])
+    # the gradient of a single-modality pass reaches only its own features
+    lidar_total = sum(value for key, value in losses.items() if key.startswith('lidar.') and 'loss' in key)
+    bev_grad, img_grad = torch.autograd.grad(lidar_total, (bev, img), allow_unused=True)
+    assert bev_grad.abs().sum() > 0 and img_grad is None
+    camera_total = sum(value for key, value in losses.items() if key.startswith('camera.') and 'loss' in key)
+    bev_grad, img_grad = torch.autograd.grad(camera_total, (bev, img), allow_unused=True)
+    assert bev_grad is None and img_grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('name, dropped', [('camera', 'image'), ('lidar', 'points')])
+def test_a_pass_leaves_out_the_samples_whose_input_was_dropped(name, dropped, cmt_test_data):
+    """Sample 1 lost the pass's input (ModalMask3D): the pass's losses are those of sample 0 alone."""
+    head = head_cfg(modality_passes=PASSES, noise_scale=0.0).train()  # no DN noise: same DN queries at bs 1
+    head.shared_conv.eval()  # BatchNorm with running statistics: sample 0's BEV features do not depend on sample 1
+    bev, img = features()
+    boxes, labels = gts(cmt_test_data)
+    img_metas = cmt_test_data['make_img_metas'](2)
+    img_metas[1]['dropped_modalities'] = [dropped]
+    losses = head.loss(boxes, labels, head([bev], [img], img_metas, boxes, labels))
+    assert losses[f'{name}.num_samples'] == 1
+    assert losses[f'{"lidar" if name == "camera" else "camera"}.num_samples'] == 2
+    views = img.shape[0] // bev.shape[0]
+    alone = head.loss(boxes[:1], labels[:1], head([bev[:1]], [img[:views]], img_metas[:1], boxes[:1], labels[:1]))
+    for loss in FUSED_LOSSES:
+        torch.testing.assert_close(losses[f'{name}.{loss}'], alone[f'{name}.{loss}'], msg=loss)
+
+
+def test_a_pass_without_any_sample_has_zero_losses(cmt_test_data):
+    head = head_cfg(modality_passes=PASSES).train()
+    bev, img = features()
+    boxes, labels = gts(cmt_test_data)
+    img_metas = cmt_test_data['make_img_metas'](2)
+    for meta in img_metas:
+        meta['dropped_modalities'] = ['image']
+    losses = head.loss(boxes, labels, head([bev], [img], img_metas, boxes, labels))
+    assert losses['camera.num_samples'] == 0 and losses['lidar.num_samples'] == 2
+    assert all(losses[f'camera.{loss}'] == 0 for loss in FUSED_LOSSES)
+    assert all(losses[loss] > 0 and losses[f'lidar.{loss}'] > 0 for loss in FUSED_LOSSES)
+    sum(value for key, value in losses.items() if 'loss' in key).backward()
+    assert all(torch.isfinite(p.grad).all() for p in head.parameters() if p.grad is not None)
+
+
+def test_fusion_transformer_decodes_one_modality_like_the_single_modality_transformers(cmt_test_data):
+    fusion = head_cfg().transformer.eval()
+    lidar = head_cfg('CmtLidarHead', 'CmtLidarTransformer').transformer.eval()
+    camera = head_cfg('CmtImageHead', 'CmtImageTransformer').transformer.eval()
+    lidar.load_state_dict(fusion.state_dict())
+    camera.load_state_dict(fusion.state_dict())
+    channels = fusion.embed_dims
+    bev, img = torch.randn(2, channels, 3, 4), torch.randn(4, channels, 2, 5)
+    query, bev_pos, rv_pos = torch.randn(2, 7, channels), torch.randn(12, channels), torch.randn(4, 2, 5, channels)
+    with torch.no_grad():
+        assert torch.equal(fusion(bev, None, query, bev_pos, None)[0], lidar(bev, query, bev_pos)[0])
+        assert torch.equal(fusion(None, img, query, None, rv_pos)[0], camera(img, query, rv_pos)[0])
+        with pytest.raises(ValueError, match='needs BEV features'):
+            fusion(None, None, query, None, None)
+
+
+def test_bad_modality_passes_raise():
+    for passes, error, message in (
+            (('fused', 'radar'), ValueError, r"unknown modality_passes \['radar'\]"),
+            (('fused', 'lidar', 'lidar'), ValueError, 'names a pass twice'),
+            (('lidar', 'camera'), ValueError, "lacks 'fused'"),
+            ('fused', TypeError, 'a list or tuple'),
+    ):
+        with pytest.raises(error, match=message):
+            head_cfg(modality_passes=passes)
+    with pytest.raises(ValueError, match='CmtLidarHead decodes BEV tokens only'):
+        head_cfg('CmtLidarHead', 'CmtLidarTransformer', modality_passes=('fused', 'camera'))
+    with pytest.raises(ValueError, match='CmtImageHead decodes camera tokens only'):
+        head_cfg('CmtImageHead', 'CmtImageTransformer', modality_passes=('fused', 'camera'))
+
+
+def test_aqr_config_trains_with_passes_and_demo_config_only_adds_them(cmt_test_data):
+    cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
+    default_keys = list(build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+                        .state_dict())
+    cfg.model.pts_bbox_head.modality_passes = PASSES
+    model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    assert list(model.state_dict()) == default_keys
+    data = cmt_test_data['random_batch']((3, 2))
+    data['img_metas'][1]['dropped_modalities'] = ['points']
+    outputs = cmt_test_data['train_step'](model, data)
+    log_vars = outputs['log_vars']
+    assert torch.isfinite(outputs['loss'])
+    assert log_vars['lidar.num_samples'] == 1 and log_vars['camera.num_samples'] == 2
+    assert {'loss_cls', 'lidar.loss_cls', 'camera.loss_cls', 'camera.d4.dn_loss_bbox'} <= set(log_vars)
+    head = model.pts_bbox_head
+    assert head.attention_bias_generator.bias_scale.grad.abs().sum() > 0
+    assert head.aqr_weight_generator.weight_head.weight.grad.abs().sum() > 0
+
+    demo = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny_passes.py'))
+    base = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny.py'))
+    assert tuple(demo.model.pts_bbox_head.pop('modality_passes')) == PASSES
+    assert demo.model == base.model and demo.data == base.data
