@@ -26,13 +26,7 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-#: (row name, attribute path from the detector) of the modules timed with hooks, in data-flow order.
-MODULES = (('img_backbone', 'img_backbone'), ('img_neck', 'img_neck'), ('pts_voxel_layer', 'pts_voxel_layer'),
-           ('pts_voxel_encoder', 'pts_voxel_encoder'), ('pts_middle_encoder', 'pts_middle_encoder'),
-           ('pts_backbone', 'pts_backbone'), ('pts_neck', 'pts_neck'), ('head', 'pts_bbox_head'),
-           ('  AQR weight generator', 'pts_bbox_head.aqr_weight_generator'),
-           ('  AQR bias generator', 'pts_bbox_head.attention_bias_generator'),
-           ('  transformer', 'pts_bbox_head.transformer'))
+from projects.mmdet3d_plugin.apis.model_benchmark import MODULE_ROWS as MODULES  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
