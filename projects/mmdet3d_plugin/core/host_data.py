@@ -80,11 +80,11 @@ def device_constant(values: Sequence, device: Optional[torch.device] = None,
         Tensor: ``values`` as a tensor on ``device``.
     """
     device = torch.device('cpu') if device is None else torch.device(device)
-    if device.type == 'cuda' and device.index is None and not _is_fake(device):
-        device = torch.device('cuda', torch.cuda.current_device())
-    key = (_freeze(values), dtype, str(device))
     if _is_fake(device):
         return host_to_device(values, device, dtype)
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
+    key = (_freeze(values), dtype, str(device))
     with _CONSTANTS_LOCK:
         cached = _CONSTANTS.get(key)
         if cached is None:

@@ -139,7 +139,7 @@ def budget_of(device: torch.device) -> ExactRowBudget:
     """The :class:`ExactRowBudget` of a device (one per device, made on first use)."""
     key = str(device)
     if key not in _BUDGETS:
-        _BUDGETS.setdefault(key, ExactRowBudget())
+        _BUDGETS[key] = ExactRowBudget()
     return _BUDGETS[key]
 
 
@@ -148,7 +148,6 @@ def pop_inexact_rows() -> Optional[Tensor]:
 
     The training step adds it to its log variables, so it is read only when the log is (no extra synchronisation).
     """
-    totals = [total for budget in list(_BUDGETS.values()) for total in [budget.pop_inexact()] if total is not None]
-    if not totals:
-        return None
-    return sum(totals[1:], totals[0])
+    totals = [budget.pop_inexact() for budget in list(_BUDGETS.values())]
+    totals = [total for total in totals if total is not None]
+    return sum(totals[1:], totals[0]) if totals else None
