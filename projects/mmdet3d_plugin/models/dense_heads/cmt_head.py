@@ -7,6 +7,13 @@ published checkpoints load with no missing or unexpected keys. In training,
 ``CmtHead`` can also decode the same queries against each modality's tokens
 alone (``modality_passes``, see :mod:`.modality_passes`).
 
+Camera learning aids (default off): ``image_aux_config`` adds an
+:class:`ImageAuxHead` (2D centre heatmaps and object depth on the camera
+feature map, training losses ``image_aux.*``); ``camera_depth_position``
+adds to each camera token's position the ``bev_embedding`` of its pixel
+centre lifted to the aux head's (detached) predicted depth (3DPPE-style), so
+a query whose reference point is near that 3D point matches the token.
+
 Position encodings (sizes always read from the feature maps):
 
 * BEV token ``(h, w)``: ``bev_embedding(pos2embed(cell centre))``.
@@ -16,6 +23,10 @@ Position encodings (sizes always read from the feature maps):
 * query with reference point ``r`` (normalised 3D): ``bev_embedding(pos2embed(r))``
   plus, with a camera, the sum over the views that see ``r`` of the
   ``rv_embedding`` of the frustum through ``r``'s projection.
+* with ``camera_depth_position``, a camera token's embedding adds
+  ``bev_embedding(pos2embed(p))``, ``p`` its pixel centre lifted to LiDAR
+  coordinates at the predicted depth, normalised by ``pc_range`` and clamped
+  to ``[0, 1]``.
 
 Outputs follow upstream CMT's regression layout: per query the branches
 ``center (2), height (1), dim (3), rot (2), vel (2)`` are concatenated into one
@@ -44,10 +55,12 @@ from ...core.host_data import device_constant
 from ..aqr.design_note_keys import HEAD_RENAMED_KEYS, reject_renamed_keys
 from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw, project_to_views, stack_lidar2img
 from ..utils.denoising import DenoisingQueries, build_dn_queries
+from ..utils.image_targets import lift_cell_centres
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
 from .aqr_routing import AQRRoutingMixin, RoutedInputs, routing_of
 from .cmt_head_loss import CmtHeadLossMixin
+from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX
 from .key_range_bias import restrict_to_keys
 from .modality_passes import (FUSED, PASS_PREDICTIONS_KEY, TRAINED_SAMPLES_KEY, ModalityPass, build_modality_passes,
                               trained_samples)
@@ -125,6 +138,16 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             the camera tokens only; fusion head only), each with its own
             matching, DN and losses (see :mod:`.modality_passes`). Inference
             decodes the fused pass. Default ``('fused',)``: plain CMT.
+        image_aux_config (dict, optional): ``ImageAuxHead`` config (its
+            ``in_channels`` and ``num_classes`` are set from ``hidden_dim`` and
+            the tasks); adds the ``image_aux.loss_heatmap`` /
+            ``image_aux.loss_depth`` training losses. Heads with a camera only.
+            None (default): no aux head, same state dict and outputs.
+        camera_depth_position (bool): add to the camera tokens' position
+            embedding the ``bev_embedding`` of their pixel centre lifted to the
+            aux head's detached predicted depth (needs ``image_aux_config``
+            with a depth branch; the aux head then also runs at test time).
+            Default False.
         init_cfg (dict, optional): must be None.
     """
 
@@ -165,6 +188,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  aqr_bias_strength: Optional[float] = None,
                  aqr_use_local_bias: Optional[bool] = None,
                  modality_passes: Sequence[str] = ('fused', ),
+                 image_aux_config: Optional[dict] = None,
+                 camera_depth_position: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         reject_renamed_keys(type(self).__name__, HEAD_RENAMED_KEYS, renderer_config=renderer_config,
                             modulator_config=modulator_config, aqr_bias_strength=aqr_bias_strength,
@@ -232,6 +257,22 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             self.assigner = build_assigner(train_cfg['assigner'])
         self.init_query_routing(aqr_config, attention_bias_config, modulation, weight_renderer_config,
                                 feature_modulator_config, enable_aqr)
+        self._init_camera_aids(image_aux_config, camera_depth_position)
+
+    def _init_camera_aids(self, image_aux_config: Optional[dict], camera_depth_position: bool) -> None:
+        """Build the optional :class:`ImageAuxHead` and check ``camera_depth_position`` against it."""
+        self.image_aux_head = None
+        if image_aux_config is not None:
+            if not self.uses_camera:
+                raise ValueError(f'{type(self).__name__} has no camera features: image_aux_config needs a head '
+                                 f'with a camera (CmtHead or CmtImageHead)')
+            self.image_aux_head = build_head(dict(image_aux_config, in_channels=self.hidden_dim,
+                                                  num_classes=sum(self.num_classes)))
+        if camera_depth_position and not (self.image_aux_head is not None and self.image_aux_head.with_depth):
+            raise ValueError(f'{type(self).__name__}: camera_depth_position=True lifts camera tokens at the depth '
+                             f'ImageAuxHead predicts; give image_aux_config=dict(type=\'ImageAuxHead\', ...) '
+                             f'with a depth branch (loss_depth not None)')
+        self.camera_depth_position = camera_depth_position
 
     def init_weights(self) -> None:
         """Children's initialisation, then anchor reference points uniform in ``[0, 1]^3``."""
@@ -254,12 +295,15 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         """Embedding of the BEV cell centres, ``[height * width, C]`` (row-major)."""
         return self.bev_embedding(pos2embed(bev_grid_coords(height, width, device), self.hidden_dim))
 
-    def rv_pos_embed(self, img_feat: Tensor, img_metas: Sequence[dict]) -> Tensor:
-        """Embedding of the camera feature cells' frustums.
+    def rv_pos_embed(self, img_feat: Tensor, img_metas: Sequence[dict],
+                     token_depth: Optional[Tensor] = None) -> Tensor:
+        """Embedding of the camera feature cells' frustums (and, with ``token_depth``, of their lifted points).
 
         Args:
             img_feat (Tensor): ``[bs * N, C, h, w]``.
             img_metas (Sequence[dict]): ``lidar2img`` (N matrices) and ``pad_shape``.
+            token_depth (Tensor, optional): ``[bs * N, h, w]`` depth in metres
+                of each cell; adds :meth:`token_depth_pos_embed`.
 
         Returns:
             Tensor: ``[bs * N, h, w, C]``.
@@ -273,7 +317,24 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         depths = depth_bins(self.depth_num, self.pc_range[3], img_feat.device)
         frustum = image_frustum_points(img_feat.shape[-2:], pad_shape_hw(img_metas), depths)
         points = torch.einsum('hwdo,nco->nhwdc', frustum, img2lidar)[..., :3]
-        return self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
+        embed = self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
+        if token_depth is not None:
+            embed = embed + self.token_depth_pos_embed(token_depth, img2lidar, pad_shape_hw(img_metas))
+        return embed
+
+    def token_depth_pos_embed(self, token_depth: Tensor, img2lidar: Tensor, pad_hw: Tuple[float, float]) -> Tensor:
+        """``bev_embedding`` of the camera cells' pixel centres lifted to ``token_depth``.
+
+        Args:
+            token_depth (Tensor): ``[bs * N, h, w]`` metres.
+            img2lidar (Tensor): ``[bs * N, 4, 4]``.
+            pad_hw (tuple[float, float]): padded image size.
+
+        Returns:
+            Tensor: ``[bs * N, h, w, C]``.
+        """
+        points = lift_cell_centres(token_depth, img2lidar, pad_hw)
+        return self.bev_embedding(pos2embed(normalize_points(points, self.pc_range).clamp(0, 1), self.hidden_dim))
 
     def query_pos_embed(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
         """Positional embedding of the queries.
@@ -335,7 +396,9 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             projections of the queries); in training with more passes it
             holds ``modality_passes``: ``{pass name: that pass's outputs}``
             in this layout, whose first task's dict adds ``trained_samples``
-            (per sample, whether the pass's input was there).
+            (per sample, whether the pass's input was there); with an
+            ``ImageAuxHead``, in training it holds ``image_aux``
+            (:class:`ImageAuxOutputs`).
         """
         bev_feat = self._bev_input(pts_feats)
         img_feat = self._camera_input(img_feats)
@@ -360,7 +423,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
 
         query_embed = self.query_pos_embed(reference_points, img_metas)
         bev_pos = self.bev_pos_embed(*bev_feat.shape[-2:], bev_feat.device) if bev_feat is not None else None
-        rv_pos = self.rv_pos_embed(img_feat, img_metas) if img_feat is not None else None
+        image_aux = None
+        if self.image_aux_head is not None and (self.training or self.camera_depth_position):
+            image_aux = self.image_aux_head(img_feat, img_metas)
+        token_depth = image_aux.depth.detach()[:, 0] if self.camera_depth_position else None
+        rv_pos = self.rv_pos_embed(img_feat, img_metas, token_depth) if img_feat is not None else None
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
                                     dn_queries)
         passes = self.modality_passes if self.training else (FUSED, )
@@ -372,6 +439,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if len(passes) > 1:
             preds_dicts[0][0][PASS_PREDICTIONS_KEY] = {
                 modality_pass.name: pass_preds for modality_pass, pass_preds in zip(passes[1:], decoded[1:])}
+        if image_aux is not None and self.training:
+            preds_dicts[0][0][IMAGE_AUX_KEY] = image_aux
         return preds_dicts
 
     def _decode_pass(self, modality_pass: ModalityPass, routed: RoutedInputs, bev_pos: Optional[Tensor],
@@ -411,9 +480,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
 
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
              preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
-        """Detection losses (see ``CmtHeadLossMixin.loss``) plus AQR's auxiliary routing loss when enabled."""
+        """Detection losses (see ``CmtHeadLossMixin.loss``), AQR's routing loss and ``image_aux.*`` when enabled."""
         losses = super().loss(gt_bboxes_3d, gt_labels_3d, preds_dicts)
         losses.update(self.routing_loss(routing_of(preds_dicts)))
+        image_aux = preds_dicts[0][0].get(IMAGE_AUX_KEY)
+        if image_aux is not None:
+            aux_losses = self.image_aux_head.loss(image_aux, gt_bboxes_3d, gt_labels_3d)
+            losses.update({IMAGE_AUX_PREFIX + name: value for name, value in aux_losses.items()})
         return losses
 
     def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> Optional[Tensor]:
