@@ -29,9 +29,10 @@ from .layout import CLASS_SPECS, EgoPath, SceneObject, sample_ego_path, sample_s
 from .lidar import BoxSet, cast_scan, ray_directions
 from .shape import FRONT_FACE_BGR, object_parts
 
-#: Changes whenever the same options generate different data (2: objects with a visible heading, shape.py),
-#: so that tools which cache a generated set (tools/demo.py) regenerate it.
-GENERATOR_VERSION = 2
+#: Changes whenever the same options generate different data (2: objects with a visible heading, shape.py;
+#: 3: a checkerboard ground and contact shadows in the images, camera.py), so that tools which cache a
+#: generated set (tools/demo.py) regenerate it.
+GENERATOR_VERSION = 3
 
 TABLE_NAMES = ('attribute', 'calibrated_sensor', 'category', 'ego_pose', 'instance', 'log', 'map', 'sample',
                'sample_annotation', 'sample_data', 'scene', 'sensor', 'visibility')
