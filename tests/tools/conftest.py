@@ -87,15 +87,16 @@ def tiny_config(data_root: str, base: str = 'cmt_voxel0100_r50_800x320_cbgs.py',
             cfg.data[split].version = SYNTHETIC_VERSION
     model = cfg.model
     model.pts_bbox_head.num_query = 40
-    model.pts_voxel_layer.max_voxels = (4000, 4000)
-    grid = int(round((SMALL_RANGE[3] - SMALL_RANGE[0]) / model.pts_voxel_layer.voxel_size[0]))
-    encoder = model.pts_middle_encoder
-    if 'sparse_shape' in encoder:  # spconv SparseEncoder
-        encoder.sparse_shape = [encoder.sparse_shape[0], grid, grid]
-    if 'output_shape' in encoder:  # pillars: PointPillarsScatter
-        encoder.output_shape = [grid, grid]
-    depth = model.train_cfg.pts.grid_size[2]
-    model.train_cfg.pts.grid_size = model.test_cfg.pts.grid_size = [grid, grid, depth]
+    if model.get('pts_voxel_layer') is not None:  # camera-only configs have no LiDAR branch
+        model.pts_voxel_layer.max_voxels = (4000, 4000)
+        grid = int(round((SMALL_RANGE[3] - SMALL_RANGE[0]) / model.pts_voxel_layer.voxel_size[0]))
+        encoder = model.pts_middle_encoder
+        if 'sparse_shape' in encoder:  # spconv SparseEncoder
+            encoder.sparse_shape = [encoder.sparse_shape[0], grid, grid]
+        if 'output_shape' in encoder:  # pillars: PointPillarsScatter
+            encoder.output_shape = [grid, grid]
+        depth = model.train_cfg.pts.grid_size[2]
+        model.train_cfg.pts.grid_size = model.test_cfg.pts.grid_size = [grid, grid, depth]
     if slim:
         backbone = model.img_backbone
         if backbone.type != 'ResNet' or backbone.depth not in (18, 34):
