@@ -50,4 +50,5 @@ model = dict(
     pts_middle_encoder=None,
     pts_backbone=None,
     pts_neck=None,
-    pts_bbox_head=dict(type='CmtImageHead', transformer=dict(type='CmtImageTransformer')))
+    pts_bbox_head=dict(type='CmtImageHead', transformer=dict(type='CmtImageTransformer'),
+                       camera_window_prior=dict(window_size=5, bias=4.0)))

@@ -12,7 +12,8 @@ with LiDAR weight ``w_l`` and camera weight ``w_c`` gets the biases
   the camera keys inside the square around its camera cell (in the view that
   sees it), ``decay = max(0, 1 - d / (window_size / 2))`` with ``d`` the
   Euclidean distance in cells; 0 elsewhere, and no camera bias for a query
-  visible in no camera. A :class:`WindowBias` on two :class:`KeyGrid` s.
+  visible in no camera. A :class:`WindowBias` on two :class:`KeyGrid` s
+  (:func:`local_window_bias`, shared with ``CmtImageHead``'s ``camera_window_prior``).
 
 Nothing ``[Q, K]``-sized is built here: the attention backends apply the
 structured bias (``AttentionBias.to_dense`` exists for the reference path).
@@ -20,7 +21,7 @@ structured bias (``AttentionBias.to_dense`` exists for the reference path).
 Denoising (DN) queries come first in CMT's query order and get **zero bias**:
 they reconstruct noised ground-truth boxes, a task AQR should not alter.
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.runner import BaseModule
@@ -45,6 +46,66 @@ def weights_to_bias(weights: Tensor, scale: Union[float, Tensor]) -> Tensor:
         Tensor: the bias, same shape as ``weights``.
     """
     return (weights - 0.5) * 2.0 * scale
+
+
+def local_window_bias(projection_info: Mapping[str, Tensor],
+                      camera_amplitude: Tensor,
+                      camera_shape: Tuple[int, int, int],
+                      window_size: int,
+                      bev_shape: Optional[Tuple[int, int]] = None,
+                      bev_amplitude: Optional[Tensor] = None,
+                      num_dn_queries: int = 0) -> AttentionBias:
+    """The local (windowed, linearly decaying) bias around each query's camera cell and, optionally, BEV cell.
+
+    A query gets ``amplitude * max(0, 1 - d / (window_size / 2))`` on the keys
+    of the ``window_size`` square around its cell (``d`` the Euclidean
+    distance in cells), 0 elsewhere; on the camera grid only in the view that
+    sees it (none if it is visible in no view). The first ``num_dn_queries``
+    queries (DN queries, not in ``projection_info``) get no window.
+
+    Args:
+        projection_info (Mapping[str, Tensor]): over Q queries,
+            ``pts_pers_idx [bs, Q, 3]`` (view, h, w), ``visible [bs, Q]`` and,
+            with ``bev_shape``, ``pts_bev [bs, Q, 2]`` (y, x).
+        camera_amplitude (Tensor): ``[bs, heads | 1, num_dn_queries + Q]``
+            bias at the centre of each query's camera window.
+        camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera memory.
+        window_size (int): odd window side, in cells.
+        bev_shape (tuple[int, int], optional): ``(H_bev, W_bev)``; given, the
+            keys are ``[BEV tokens ; camera tokens]``, else the camera tokens only.
+        bev_amplitude (Tensor, optional): like ``camera_amplitude``, for the
+            BEV windows (exactly when ``bev_shape`` is given).
+        num_dn_queries (int): queries before the ``Q`` of ``projection_info``.
+
+    Returns:
+        AttentionBias: one :class:`WindowBias` over ``H_bev * W_bev + N * H_img * W_img``
+        keys (``N * H_img * W_img`` without ``bev_shape``).
+    """
+    if (bev_shape is None) != (bev_amplitude is None):
+        raise ValueError('local_window_bias needs bev_shape and bev_amplitude together (or neither)')
+    visible = projection_info['visible'].bool()
+    grids, centres, valid, amplitudes = [], [], [], []
+    num_bev = 0
+    if bev_shape is not None:
+        bev_h, bev_w = (int(s) for s in bev_shape)
+        num_bev = bev_h * bev_w
+        pts_bev = projection_info['pts_bev'].long()
+        grids.append(KeyGrid(0, 1, bev_h, bev_w))
+        centres.append(torch.cat([pts_bev.new_zeros(*pts_bev.shape[:2], 1), pts_bev], dim=-1))
+        valid.append(torch.ones_like(visible))
+        amplitudes.append(bev_amplitude)
+    num_views, img_h, img_w = (int(s) for s in camera_shape)
+    grids.append(KeyGrid(num_bev, num_views, img_h, img_w))
+    centres.append(projection_info['pts_pers_idx'].long().clamp(min=0))
+    valid.append(visible)
+    amplitudes.append(camera_amplitude)
+    if num_dn_queries:
+        def pad(tensor: Tensor) -> Tensor:
+            return torch.cat([tensor.new_zeros(tensor.shape[0], num_dn_queries, *tensor.shape[2:]), tensor], 1)
+
+        centres, valid = [pad(c) for c in centres], [pad(v) for v in valid]
+    return AttentionBias(WindowBias(grids, centres, valid, amplitudes, window_size),
+                         num_bev + num_views * img_h * img_w)
 
 
 class WeightToBiasMLP(nn.Module):
@@ -194,17 +255,15 @@ class AttentionBiasGenerator(BaseModule):
             biases = torch.cat([biases.new_zeros(*biases.shape[:3], num_dn_queries, 2), biases], dim=3)
         if self.fp16 and feature_dtype in _HALF_DTYPES:
             biases = biases.to(feature_dtype)
-        bev_h, bev_w = (int(s) for s in bev_shape)
-        num_views, img_h, img_w = (int(s) for s in camera_shape)
-        num_bev, num_camera = bev_h * bev_w, num_views * img_h * img_w
         if self.use_local_bias:
-            grids = (KeyGrid(0, 1, bev_h, bev_w), KeyGrid(num_bev, num_views, img_h, img_w))
-            centres, valid = self._window_centres(projection_info, num_dn_queries)
             layer_biases = [
-                AttentionBias(WindowBias(grids, centres, valid, [b[..., 0], b[..., 1]], self.window_size),
-                              num_bev + num_camera) for b in biases
+                local_window_bias(projection_info, b[..., 1], camera_shape, self.window_size, bev_shape=bev_shape,
+                                  bev_amplitude=b[..., 0], num_dn_queries=num_dn_queries) for b in biases
             ]
         else:
+            bev_h, bev_w = (int(s) for s in bev_shape)
+            num_views, img_h, img_w = (int(s) for s in camera_shape)
+            num_bev, num_camera = bev_h * bev_w, num_views * img_h * img_w
             layer_biases = [
                 AttentionBias(SegmentBias(b, (num_bev, num_camera)), num_bev + num_camera) for b in biases
             ]
@@ -225,27 +284,6 @@ class AttentionBiasGenerator(BaseModule):
                                  f'the weights are {tuple(lidar_weights.shape)}')
         if num_dn_queries < 0:
             raise ValueError(f'num_dn_queries must be >= 0, got {num_dn_queries}')
-
-    @staticmethod
-    def _window_centres(projection_info: Dict[str, Tensor],
-                        num_dn_queries: int) -> Tuple[Sequence[Tensor], Sequence[Tensor]]:
-        """Centres ``[bs, Q', 3]`` (plane, y, x) and validity ``[bs, Q']`` on the BEV and camera grids.
-
-        DN queries (the first ``num_dn_queries``) are invalid on both grids,
-        invisible queries on the camera grid.
-        """
-        pts_bev = projection_info['pts_bev'].long()
-        bev_centres = torch.cat([pts_bev.new_zeros(*pts_bev.shape[:2], 1), pts_bev], dim=-1)
-        camera_centres = projection_info['pts_pers_idx'].long().clamp(min=0)
-        visible = projection_info['visible'].bool()
-        bev_valid = torch.ones_like(visible)
-        if num_dn_queries:
-            def pad(tensor: Tensor) -> Tensor:
-                return torch.cat([tensor.new_zeros(tensor.shape[0], num_dn_queries, *tensor.shape[2:]), tensor], 1)
-
-            bev_centres, camera_centres = pad(bev_centres), pad(camera_centres)
-            bev_valid, visible = pad(bev_valid), pad(visible)
-        return (bev_centres, camera_centres), (bev_valid, visible)
 
     def extra_repr(self) -> str:
         mode = f'local(window_size={self.window_size})' if self.use_local_bias else 'global'

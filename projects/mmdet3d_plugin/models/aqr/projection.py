@@ -167,6 +167,41 @@ def camera_cells(points: Tensor,
     return pers, visible
 
 
+def project_to_camera_cells(reference_points: Tensor,
+                            pc_range: Sequence[float],
+                            camera_shape: Tuple[int, int, int],
+                            img_metas: Sequence[Mapping]) -> Tuple[Tensor, Tensor]:
+    """Project every query's reference point to its camera feature cell (:func:`camera_cells`).
+
+    Args:
+        reference_points (Tensor): ``[bs, Q, 3]`` normalised to ``[0, 1]`` in
+            ``pc_range`` (values outside are clamped).
+        pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
+        camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera
+            memory; N must equal the number of ``lidar2img`` matrices.
+        img_metas (Sequence[Mapping]): ``bs`` dicts with ``lidar2img``,
+            ``img_shape``, ``pad_shape``.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``pts_pers_idx`` ``[bs, Q, 3]`` long
+        ``(view, h, w)`` (``-1`` if invisible) and ``visible`` ``[bs, Q]`` bool.
+    """
+    if reference_points.dim() != 3 or reference_points.shape[-1] != 3:
+        raise ValueError(f'reference_points must be [bs, Q, 3], got shape {tuple(reference_points.shape)}')
+    bs = reference_points.shape[0]
+    if len(img_metas) != bs:
+        raise ValueError(f'got {len(img_metas)} img_metas for a batch of {bs} reference point sets')
+    num_views, feat_h, feat_w = (int(s) for s in camera_shape)
+    _check_pc_range(pc_range)
+    lidar2img = stack_lidar2img(img_metas, reference_points.device)
+    if lidar2img.shape[1] != num_views:
+        raise ValueError(f'camera memory has {num_views} views but img_metas lidar2img has {lidar2img.shape[1]}')
+    img_hw, pad_hw = image_sizes_from_metas(img_metas, num_views, reference_points.device)
+    # reference points outside [0, 1] are clamped, as upstream CMT clamps them with inverse_sigmoid
+    points = denormalize_points(reference_points.detach().float().clamp(0.0, 1.0), pc_range)
+    return camera_cells(points, lidar2img, img_hw, pad_hw, (feat_h, feat_w))
+
+
 def project_reference_points(reference_points: Tensor,
                              pc_range: Sequence[float],
                              bev_shape: Tuple[int, int],
@@ -191,19 +226,6 @@ def project_reference_points(reference_points: Tensor,
             * ``pts_pers_idx`` ``[bs, Q, 3]`` long ``(view, h, w)``, ``-1`` if invisible;
             * ``visible`` ``[bs, Q]`` bool.
     """
-    if reference_points.dim() != 3 or reference_points.shape[-1] != 3:
-        raise ValueError(f'reference_points must be [bs, Q, 3], got shape {tuple(reference_points.shape)}')
-    bs = reference_points.shape[0]
-    if len(img_metas) != bs:
-        raise ValueError(f'got {len(img_metas)} img_metas for a batch of {bs} reference point sets')
-    num_views, feat_h, feat_w = (int(s) for s in camera_shape)
-    _check_pc_range(pc_range)
+    pts_pers_idx, visible = project_to_camera_cells(reference_points, pc_range, camera_shape, img_metas)
     pts_bev, pts_idx = bev_cells(reference_points, bev_shape)
-    lidar2img = stack_lidar2img(img_metas, reference_points.device)
-    if lidar2img.shape[1] != num_views:
-        raise ValueError(f'camera memory has {num_views} views but img_metas lidar2img has {lidar2img.shape[1]}')
-    img_hw, pad_hw = image_sizes_from_metas(img_metas, num_views, reference_points.device)
-    # reference points outside [0, 1] are clamped, as upstream CMT clamps them with inverse_sigmoid
-    points = denormalize_points(reference_points.detach().float().clamp(0.0, 1.0), pc_range)
-    pts_pers_idx, visible = camera_cells(points, lidar2img, img_hw, pad_hw, (feat_h, feat_w))
     return dict(pts_bev=pts_bev, pts_idx=pts_idx, pts_pers_idx=pts_pers_idx, visible=visible)

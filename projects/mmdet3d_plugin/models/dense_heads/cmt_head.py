@@ -13,6 +13,9 @@ feature map, training losses ``image_aux.*``); ``camera_depth_position``
 adds to each camera token's position the ``bev_embedding`` of its pixel
 centre lifted to the aux head's (detached) predicted depth (3DPPE-style), so
 a query whose reference point is near that 3D point matches the token.
+``CmtImageHead``'s ``camera_window_prior`` (:class:`CameraWindowPrior`) gives
+every query a fixed cross-attention bias around its projected camera cell,
+CMT-AQR's local camera bias without a router.
 
 Position encodings (sizes always read from the feature maps):
 
@@ -59,6 +62,7 @@ from ..utils.image_targets import lift_cell_centres
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
 from .aqr_routing import AQRRoutingMixin, RoutedInputs, routing_of
+from .camera_window_prior import CameraWindowPrior
 from .cmt_head_loss import CmtHeadLossMixin
 from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX
 from .key_range_bias import restrict_to_keys
@@ -575,9 +579,47 @@ class CmtLidarHead(CmtHead):
 
 @HEADS.register_module()
 class CmtImageHead(CmtHead):
-    """Camera-only head: queries attend to camera tokens; no ``shared_conv``."""
+    """Camera-only head: queries attend to camera tokens; no ``shared_conv``.
+
+    Args:
+        *args, **kwargs: as :class:`CmtHead`.
+        camera_window_prior (dict, optional): :class:`CameraWindowPrior`
+            config, e.g. ``dict(window_size=5, bias=4.0)``: every query (DN
+            queries included) gets a fixed cross-attention bias, ``bias`` at
+            its reference point's camera cell decaying to 0 at
+            ``window_size / 2`` cells, as CMT-AQR's local camera bias. No
+            parameters. None (default): no bias, the same outputs.
+    """
 
     uses_lidar = False
+
+    def __init__(self, *args, camera_window_prior: Optional[dict] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.camera_window_prior = (CameraWindowPrior(**camera_window_prior)
+                                    if camera_window_prior is not None else None)
+
+    def route_queries(self, reference_points: Tensor, query_embed: Tensor, bev_feat: None, bev_pos: None,
+                      img_feat: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
+                      dn_queries: Optional[DenoisingQueries]) -> RoutedInputs:
+        """No routing (AQR needs a fusion head); the cross-attention bias is ``camera_window_prior``'s, if any.
+
+        Args:
+            reference_points (Tensor): ``[bs, P, 3]`` normalised, DN queries first.
+            img_feat (Tensor): ``[bs * N, C, h, w]`` camera memory.
+            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``.
+            Others: as :meth:`CmtHead.route_queries`.
+
+        Returns:
+            RoutedInputs: the features and an ``AttentionBias`` over the
+            ``N * h * w`` camera keys (None without the prior).
+        """
+        routed = super().route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos,
+                                       img_metas, dn_queries)
+        if self.camera_window_prior is None:
+            return routed
+        camera_shape = (img_feat.size(0) // reference_points.size(0), *img_feat.shape[-2:])
+        return routed._replace(
+            cross_attn_bias=self.camera_window_prior(reference_points, self.pc_range, camera_shape, img_metas))
 
     def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> None:
         if pts_feats and pts_feats[0] is not None:
