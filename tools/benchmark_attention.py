@@ -8,6 +8,8 @@ Examples::
     python tools/benchmark_attention.py
     # a small smoke run (seconds)
     python tools/benchmark_attention.py --quick
+    # where backend='auto' switches from dense sdpa to segment (docs/attention.md, "auto by size")
+    python tools/benchmark_attention.py --crossover
 
 For every shape, bias (``global``: a :class:`SegmentBias` over the BEV and
 camera keys; ``local``: a :class:`WindowBias` on the BEV and camera grids) and
@@ -24,6 +26,16 @@ resident-set high-water mark is reset (``/proc/self/clear_refs``) and the
 reported number is ``VmHWM - VmRSS`` around one more call: the memory the call
 needs beyond its inputs (outputs and gradients included). On CUDA it is
 ``torch.cuda.max_memory_allocated`` minus the memory allocated before the call.
+
+``--crossover`` times ``segment``, ``sdpa`` (dense bias) and ``flashbias``
+from the CPU self-check's 12 queries x 312 keys through the demo's decoder
+(200 x 1 456 keys, 4 heads of 32) to R50's 900 x 22 384, each layout at its
+model's heads, head dim and window (``LAYOUT_DIMS``), bs 2, repeating each
+call within a timed sample (``--min-sample-ms``) so that sub-millisecond calls
+rise above the clock's noise. Its table sorts the cases by the dense size
+``bs * heads * Q * K``, bolds the fastest backend and gives the backend
+``auto`` picks, with a line where that pick changes: the measurement behind
+``DENSE_BIAS_MAX_ELEMENTS`` in ``attention/dispatch.py``.
 
 Bias construction is timed too: building the structured biases, densifying
 them (``to_dense``), and a faithful re-implementation of the seed design's
@@ -52,15 +64,22 @@ if REPO_ROOT not in sys.path:
 from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBias,  # noqa: E402
                                                UnsupportedAttentionError, WindowBias, apply_attention,
                                                select_backend)
+from projects.mmdet3d_plugin.attention import dispatch  # noqa: E402
 from projects.mmdet3d_plugin.attention.backends.exact_rows import ExactRowBudget, recompute_rows  # noqa: E402
-from projects.mmdet3d_plugin.attention.dispatch import _make_call  # noqa: E402
 
 #: (BEV rows, BEV cols), (camera views, rows, cols) of each key layout
 KEY_LAYOUTS = {
     'r50': ((128, 128), (6, 20, 50)),  # voxel 0.1, 800x320 images: K = 22 384
     'vov': ((180, 180), (6, 40, 100)),  # voxel 0.075, 1600x640 images: K = 56 400
-    'quick': ((12, 16), (2, 6, 10)),
+    'demo': ((32, 32), (6, 6, 12)),  # configs/demo: pillars 0.4 m / 4, 192x96 images / 16: K = 1 456
+    'quick': ((12, 16), (2, 6, 10)),  # tools/check_gpu.py --device cpu: K = 312
 }
+#: ``--crossover``: (heads, head dim, window size) of each layout's model, unless --heads, --head-dim or
+#: --window-size say otherwise
+LAYOUT_DIMS = {'r50': (8, 32, 15), 'vov': (8, 32, 15), 'demo': (4, 32, 5), 'quick': (2, 8, 5)}
+#: the main table's defaults (--heads, --head-dim, --window-size)
+DEFAULT_DIMS = (8, 32, 15)
+CROSSOVER_BACKENDS = ['segment', 'sdpa', 'flashbias']
 BASELINE = 'bias-free SDPA'
 #: ``segment`` plus the work of its accelerator branch's exact recomputation at the initial budget
 #: (``ExactRowBudget.initial_share`` of the queries per sample, every one replaced): what a GPU pays per call
@@ -71,13 +90,15 @@ DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Benchmark the attention backends with AQR biases.')
-    parser.add_argument('--layouts', nargs='+', choices=sorted(KEY_LAYOUTS), default=['r50', 'vov'],
+    parser.add_argument('--layouts', nargs='+', choices=sorted(KEY_LAYOUTS), default=None,
                         help='key layouts: r50 = BEV 128x128 + 6x20x50 camera (K=22384), '
-                        'vov = 180x180 + 6x40x100 (K=56400)')
-    parser.add_argument('--queries', nargs='+', type=int, default=[900, 1800])
-    parser.add_argument('--batch-sizes', nargs='+', type=int, default=[1, 2])
-    parser.add_argument('--heads', type=int, default=8)
-    parser.add_argument('--head-dim', type=int, default=32)
+                        'vov = 180x180 + 6x40x100 (K=56400), demo = 32x32 + 6x6x12 (K=1456), '
+                        'quick = 12x16 + 2x6x10 (K=312); default r50 vov (--crossover: quick demo r50)')
+    parser.add_argument('--queries', nargs='+', type=int, default=None,
+                        help='default 900 1800 (--crossover: 12 50 200 900)')
+    parser.add_argument('--batch-sizes', nargs='+', type=int, default=None, help='default 1 2 (--crossover: 2)')
+    parser.add_argument('--heads', type=int, default=None, help='default 8 (--crossover: per layout, LAYOUT_DIMS)')
+    parser.add_argument('--head-dim', type=int, default=None, help='default 32 (--crossover: per layout)')
     parser.add_argument('--biases', nargs='+', choices=['global', 'local'], default=['global', 'local'])
     parser.add_argument('--passes', nargs='+', choices=['fwd', 'fwdbwd'], default=['fwd', 'fwdbwd'])
     parser.add_argument('--backends', nargs='+', default=None,
@@ -88,7 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', choices=sorted(DTYPES), default=None,
                         help='default float32 on CPU, float16 on CUDA')
-    parser.add_argument('--window-size', type=int, default=15)
+    parser.add_argument('--window-size', type=int, default=None, help='default 15 (--crossover: per layout)')
     parser.add_argument('--memory', choices=['auto', 'rss', 'cuda', 'none'], default='auto',
                         help='peak memory: rss (CPU, a subprocess per case), cuda, none; auto picks by device')
     parser.add_argument('--seed-loop-queries', type=int, default=4,
@@ -96,6 +117,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--no-construction', action='store_true', help='skip the bias construction timings')
     parser.add_argument('--quick', action='store_true',
                         help='tiny shapes, every backend, 3 repeats, no memory: a smoke test in seconds')
+    parser.add_argument('--crossover', action='store_true',
+                        help="where backend='auto' switches from a dense exact path to segment: segment, sdpa "
+                        '(dense bias) and flashbias against bias-free SDPA from tiny decoders to R50, by '
+                        'dense size bs*heads*Q*K, with the pick of auto (no memory, no construction)')
+    parser.add_argument('--min-sample-ms', type=float, default=None,
+                        help='repeat each call in a timed sample until it lasts about this long (default 0: one '
+                        'call; --crossover: 20), so that sub-millisecond calls are timed above the clock noise')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=None, help='write the results as JSON here')
     parser.add_argument('--memory-worker', default=None, help=argparse.SUPPRESS)
@@ -104,6 +132,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.layouts, args.queries, args.batch_sizes, args.repeats = ['quick'], [32], [1], 3
         args.backends = args.backends or ['segment', 'flashbias', 'flex', 'sdpa', 'math', 'flash_attn']
         args.memory = 'none' if args.memory == 'auto' else args.memory
+    if args.crossover:
+        args.layouts = args.layouts or ['quick', 'demo', 'r50']
+        args.queries = args.queries or [12, 50, 200, 900]
+        args.batch_sizes = args.batch_sizes or [2]
+        args.backends = args.backends or list(CROSSOVER_BACKENDS)
+        args.memory, args.no_construction = 'none', True
+        args.min_sample_ms = 20.0 if args.min_sample_ms is None else args.min_sample_ms
+    args.layouts = args.layouts or ['r50', 'vov']
+    args.queries = args.queries or [900, 1800]
+    args.batch_sizes = args.batch_sizes or [1, 2]
+    args.min_sample_ms = args.min_sample_ms or 0.0
     if args.backends is None:
         args.backends = (['segment', SEGMENT_WITH_RECOMPUTE, 'flashbias', 'sdpa']
                          + (['flex', 'flash_attn'] if args.device == 'cuda' else []))
@@ -176,7 +215,7 @@ def run_case(case: dict, inputs: dict) -> None:
         out = apply_attention(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], backend='segment')
         bs, num_queries = out.size(0), out.size(2)
         budget = math.ceil(num_queries * ExactRowBudget().initial_share)
-        call = _make_call(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], None, 0.0, None)
+        call = dispatch._make_call(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], None, 0.0, None)
         out, _ = recompute_rows(call, out, torch.zeros(bs, num_queries, device=out.device), 1.0, budget)
     else:
         out = apply_attention(inputs['q'], inputs['k'], inputs['v'], inputs['bias'], backend=case['backend'])
@@ -222,10 +261,12 @@ def memory_in_subprocess(case: dict) -> Optional[float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])['peak_mib']
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], None], number: int = 1) -> float:
+    """Seconds per call of ``fn``, called ``number`` times in a row."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
 
 
 def benchmark_group(args: argparse.Namespace, group: dict) -> List[dict]:
@@ -243,12 +284,16 @@ def benchmark_group(args: argparse.Namespace, group: dict) -> List[dict]:
         runnable[name] = (case, inputs)
         records[name] = dict(case, status='ok', times=[])
     base_case, base_inputs = runnable.pop(BASELINE)
+    number = 1
+    if args.min_sample_ms > 0:  # calls per timed sample: a sample of the baseline lasts about min_sample_ms
+        once = statistics.median(_timed(lambda: run_case(base_case, base_inputs)) for _ in range(3))
+        number = max(1, math.ceil(args.min_sample_ms * 1e-3 / once))
     for _ in range(args.repeats):
         for name, (case, inputs) in runnable.items() or [(BASELINE, (base_case, base_inputs))]:
-            base_time = _timed(lambda: run_case(base_case, base_inputs))
+            base_time = _timed(lambda: run_case(base_case, base_inputs), number)
             records[BASELINE]['times'].append(base_time)
             if name != BASELINE:
-                records[name]['times'].append(_timed(lambda: run_case(case, inputs)))
+                records[name]['times'].append(_timed(lambda: run_case(case, inputs), number))
                 records[name].setdefault('ratios', []).append(records[name]['times'][-1] / base_time)
     runnable.clear()
     gc.collect()
@@ -256,6 +301,7 @@ def benchmark_group(args: argparse.Namespace, group: dict) -> List[dict]:
         if record['status'] != 'ok':
             continue
         record['median_s'] = statistics.median(record['times'])
+        record['calls_per_sample'] = number
         record['ratio'] = statistics.median(record['ratios']) if name != BASELINE else 1.0
         if args.memory == 'rss':
             record['peak_mib'] = memory_in_subprocess(dict(group, backend=name))
@@ -308,8 +354,9 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
 
 def benchmark_construction(args: argparse.Namespace, layout: str, num_queries: int) -> List[dict]:
     """Time building the biases: structured, densified, and the seed's per-query loop (extrapolated)."""
+    window_size = layout_dims(args, layout)['window_size']
     base = dict(layout=layout, keys=_num_keys(layout), queries=num_queries, batch=args.batch_sizes[0],
-                window_size=args.window_size, seed=args.seed, device='cpu')
+                window_size=window_size, seed=args.seed, device='cpu')
     records = []
     for bias_kind in args.biases:
         case = dict(base, bias=bias_kind)
@@ -327,7 +374,7 @@ def benchmark_construction(args: argparse.Namespace, layout: str, num_queries: i
         lidar_w, camera_w = factors['lidar_bias'] / 2 + 0.5, factors['camera_bias'] / 2 + 0.5
         subset = min(args.seed_loop_queries, num_queries)
         seconds = _timed(lambda: seed_local_bias_loop(lidar_w, camera_w, pts_idx, factors['camera_centres'],
-                                                       (bev_h, bev_w), pers_shape, args.window_size, 1.0, subset))
+                                                       (bev_h, bev_w), pers_shape, window_size, 1.0, subset))
         records.append(dict(case, method='seed per-query Python loop (dense)', seconds=seconds * num_queries / subset,
                             note=f'extrapolated from {subset} of {num_queries} queries x bs {case["batch"]}'))
     return records
@@ -359,16 +406,67 @@ def markdown_tables(attention: List[dict], construction: List[dict]) -> str:
     return '\n'.join(lines)
 
 
+def layout_dims(args: argparse.Namespace, layout: str) -> dict:
+    """Heads, head dim and window size of a layout's cases: the options where given, else (``--crossover``)
+    the layout's model (``LAYOUT_DIMS``) or ``DEFAULT_DIMS``."""
+    defaults = LAYOUT_DIMS[layout] if args.crossover else DEFAULT_DIMS
+    given = (args.heads, args.head_dim, args.window_size)
+    heads, head_dim, window_size = (d if g is None else g for g, d in zip(given, defaults))
+    return dict(heads=heads, head_dim=head_dim, window_size=window_size)
+
+
+def auto_pick(group: dict) -> List[str]:
+    """``[backend, reason]``: what ``backend='auto'`` runs for a case (with gradients for ``fwdbwd``)."""
+    inputs = build_inputs(dict(group, backend='auto'))
+    return list(select_backend(inputs['q'], inputs['bias'], k=inputs['k'], v=inputs['v']))
+
+
 def auto_choices(args: argparse.Namespace) -> Dict[str, List[str]]:
-    """What ``backend='auto'`` picks for each bias of the smallest layout."""
-    choices = {}
-    for bias_kind in args.biases:
-        case = dict(layout=args.layouts[0], queries=args.queries[0], batch=1, heads=args.heads,
-                    head_dim=args.head_dim, bias=bias_kind, window_size=args.window_size, seed=args.seed,
-                    device=args.device, dtype=args.dtype, backend='auto', **{'pass': 'fwdbwd'})
-        inputs = build_inputs(case)
-        choices[bias_kind] = list(select_backend(inputs['q'], inputs['bias'], k=inputs['k'], v=inputs['v']))
-    return choices
+    """What ``backend='auto'`` picks for each bias of the first layout, first query count, bs 1, fwd+bwd."""
+    return {bias_kind: auto_pick(dict(layout=args.layouts[0], queries=args.queries[0], batch=1,
+                                      **layout_dims(args, args.layouts[0]), bias=bias_kind, seed=args.seed,
+                                      device=args.device, dtype=args.dtype, **{'pass': 'fwdbwd'}))
+            for bias_kind in args.biases}
+
+
+def crossover_row(group: dict, records: List[dict]) -> dict:
+    """One row of the ``--crossover`` table: the case, its dense size ``bs * heads * Q * K``, each backend's
+    ratio against bias-free SDPA (None where it cannot run) and the pick of ``auto``."""
+    ratios = {r['backend']: (r['ratio'] if r['status'] == 'ok' else None) for r in records
+              if r['backend'] != BASELINE}
+    auto, reason = auto_pick(group)
+    return dict(group, keys=_num_keys(group['layout']), ratios=ratios, auto=auto, reason=reason,
+                elements=group['batch'] * group['heads'] * group['queries'] * _num_keys(group['layout']))
+
+
+def crossover_table(rows: List[dict]) -> str:
+    """Markdown: per bias and pass, the cases by dense size, the backends' ratios (fastest in bold) and the pick
+    of ``auto``; a line marks where ``auto``'s pick changes."""
+    backends = list(dict.fromkeys(name for r in rows for name in r['ratios']))
+    device = rows[0]['device'] if rows else 'cpu'
+    if device.split(':')[0] in dispatch.SIZE_RULE_DEVICES:
+        limits = ', '.join(f'{kind} {pass_name} ≤ {limit:,}'
+                           for (kind, pass_name), limit in dispatch.DENSE_BIAS_MAX_ELEMENTS.items())
+        rule = f'`auto` on {device}: dense sdpa while bs·heads·Q·K is at most DENSE_BIAS_MAX_ELEMENTS ({limits})'
+    else:
+        rule = f'`auto` on {device}: no size rule (segment first at every size)'
+    lines = [rule, '', '| bias | pass | keys (layout) | Q | bs×heads×d | bs·heads·Q·K | '
+             + ' | '.join(f'{name} ×' for name in backends) + ' | auto |',
+             '|---|---|---|---|---|---:|' + '---:|' * len(backends) + '---|']
+    order = {name: i for i, name in enumerate(('global', 'local', 'fwd', 'fwdbwd'))}
+    rows = sorted(rows, key=lambda r: (order.get(r['bias'], 9), order.get(r['pass'], 9), r['elements']))
+    for i, r in enumerate(rows):
+        previous = rows[i - 1] if i else None
+        if previous is not None and (previous['bias'], previous['pass']) == (r['bias'], r['pass']) \
+                and previous['auto'] != r['auto']:
+            lines.append(f'| | | **auto switches {previous["auto"]} → {r["auto"]}** |' + ' |' * (4 + len(backends)))
+        known = [v for v in r['ratios'].values() if v is not None]
+        cells = ['n/a' if v is None else (f'**{v:.2f}**' if v == min(known) else f'{v:.2f}')
+                 for v in (r['ratios'].get(name) for name in backends)]
+        lines.append(f'| {r["bias"]} | {r["pass"]} | {r["keys"]} ({r["layout"]}) | {r["queries"]} | '
+                     f'{r["batch"]}×{r["heads"]}×{r["head_dim"]} | {r["elements"]:,} | ' + ' | '.join(cells)
+                     + f' | {r["auto"]} |')
+    return '\n'.join(lines)
 
 
 def main(argv=None) -> dict:
@@ -382,17 +480,19 @@ def main(argv=None) -> dict:
     if args.device == 'cuda':
         meta['gpu'] = torch.cuda.get_device_name()
     print(f'# attention benchmark: {meta}', flush=True)
-    attention = []
+    attention, crossover = [], []
     for layout in args.layouts:
         for num_queries in args.queries:
             for batch in args.batch_sizes:
                 for bias_kind in args.biases:
                     for pass_name in args.passes:
-                        group = dict(layout=layout, queries=num_queries, batch=batch, heads=args.heads,
-                                     head_dim=args.head_dim, bias=bias_kind, window_size=args.window_size,
-                                     seed=args.seed, device=args.device, dtype=args.dtype, **{'pass': pass_name})
+                        group = dict(layout=layout, queries=num_queries, batch=batch, **layout_dims(args, layout),
+                                     bias=bias_kind, seed=args.seed, device=args.device, dtype=args.dtype,
+                                     **{'pass': pass_name})
                         records = benchmark_group(args, group)
                         attention += records
+                        if args.crossover:
+                            crossover.append(crossover_row(group, records))
                         ratios = ', '.join(f'{r["backend"]} {r["ratio"]:.2f}x' for r in records if r['status'] == 'ok')
                         print(f'{layout} Q={num_queries} bs={batch} {bias_kind} {pass_name}: {ratios}', flush=True)
     construction = []
@@ -402,7 +502,11 @@ def main(argv=None) -> dict:
                 construction += benchmark_construction(args, layout, num_queries)
     result = dict(meta=meta, auto=auto_choices(args), attention=attention, construction=construction)
     print()
-    print(markdown_tables(attention, construction))
+    if args.crossover:
+        result['crossover'] = crossover
+        print(crossover_table(crossover))
+    else:
+        print(markdown_tables(attention, construction))
     print()
     for bias_kind, (name, reason) in result['auto'].items():
         print(f'auto picks {name!r} for the {bias_kind} bias: {reason}')

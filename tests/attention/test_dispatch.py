@@ -9,6 +9,12 @@ from projects.mmdet3d_plugin.attention import (BACKENDS, AttentionBias, KeyGrid,
 from projects.mmdet3d_plugin.attention import dispatch
 
 
+@pytest.fixture
+def above_the_size_threshold(monkeypatch):
+    """Every call counts as large: ``auto``'s order without the CPU size rule (test_dispatch_size.py tests it)."""
+    monkeypatch.setattr(dispatch, 'DENSE_BIAS_MAX_ELEMENTS', dict.fromkeys(dispatch.DENSE_BIAS_MAX_ELEMENTS, 0))
+
+
 @pytest.mark.parametrize('kind, dropout_p, expected', [
     ('segment', 0.0, 'segment'),
     ('window', 0.0, 'segment'),
@@ -20,7 +26,7 @@ from projects.mmdet3d_plugin.attention import dispatch
     ('dense', 0.0, 'sdpa'),
     ('none', 0.0, 'sdpa'),
 ])
-def test_auto_choice_on_cpu(cases, kind, dropout_p, expected):
+def test_auto_choice_on_cpu(cases, kind, dropout_p, expected, above_the_size_threshold):
     q, k, v = cases.make_qkv()
     bias = None if kind == 'none' else cases.make_bias(kind)[0]
     name, reason = select_backend(q, bias, dropout_p=dropout_p, k=k, v=v)
@@ -28,14 +34,14 @@ def test_auto_choice_on_cpu(cases, kind, dropout_p, expected):
     assert 'flex' not in reason.split('skipped')[0], 'auto must not consider flex on CPU'
 
 
-def test_auto_choice_with_key_padding_and_bool_mask(cases):
+def test_auto_choice_with_key_padding_and_bool_mask(cases, above_the_size_threshold):
     q, k, v = cases.make_qkv()
     padding = torch.zeros(2, cases.NUM_KEYS, dtype=torch.bool)
     assert select_backend(q, cases.make_bias('segment')[0], padding)[0] == 'segment'
     assert select_backend(q, torch.zeros(6, cases.NUM_KEYS, dtype=torch.bool), padding)[0] == 'sdpa'
 
 
-def test_auto_logs_once_which_backend_and_why(cases, caplog):
+def test_auto_logs_once_which_backend_and_why(cases, caplog, above_the_size_threshold):
     dispatch._LOGGED.clear()
     q, k, v = cases.make_qkv(requires_grad=False)
     bias, _ = cases.make_bias('segment', requires_grad=False)

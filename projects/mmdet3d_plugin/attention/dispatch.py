@@ -10,9 +10,19 @@ Preference (fastest exact first):
 
 * no bias or only dense masks: CUDA ``flash_attn`` (no mask), ``sdpa``;
   CPU ``sdpa``;
-* structured bias on CPU: ``segment`` (segment and window biases), then
-  ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
-* structured bias on CUDA: ``segment``, ``flashbias``, ``sdpa``.
+* structured bias on CPU, small calls (``bs * heads * Q * K`` at most
+  :data:`DENSE_BIAS_MAX_ELEMENTS`, per bias kind and pass): ``sdpa`` with the
+  bias densified (``segment``'s fixed cost per call outweighs the dense bias
+  there; measured, see the constant);
+* structured bias on CPU, larger calls: ``segment`` (segment and window
+  biases), then ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
+* structured bias on CUDA: ``segment``, ``flashbias``, ``sdpa`` at every size
+  (the size rule is measured on the CPU only; a GPU has other fixed costs, so
+  it is not assumed to carry over).
+
+Every list holds only exact backends, so choosing by size never drops a bias
+or runs an inexact path; :func:`select_backend` says which backend ``auto``
+runs and why (the reason names the size, the threshold and its key).
 
 ``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures
 learned bias tensors has unverified gradients (pytorch/pytorch#162228) and
@@ -23,40 +33,92 @@ Every backend ``auto`` can pick on CUDA is traced on fake CUDA tensors by
 ``math`` (the fp32 reference) ends every list.
 """
 import logging
+import re
 from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .backends import BACKENDS, AttentionCall
-from .bias import AttentionBias, BiasPart, DenseBias, as_attention_bias
+from .bias import AttentionBias, BiasPart, DenseBias, WindowBias, as_attention_bias
 
 BiasLike = Union[None, Tensor, BiasPart, AttentionBias]
 
 logger = logging.getLogger('mmdet')
 _LOGGED = set()
 
+#: structured bias, calls above the size threshold (and every call off SIZE_RULE_DEVICES): fastest exact first
+LARGE_ORDER = ('segment', 'flashbias', 'sdpa', 'math')
+#: structured bias, calls at most the size threshold on SIZE_RULE_DEVICES: the bias densified, exact for every
+#: bias, mask and dropout
+SMALL_ORDER = ('sdpa', 'math')
+#: the size rule: ``auto`` runs a structured bias through dense ``sdpa`` while the score matrix,
+#: ``bs * heads * Q * K`` elements, is at most this, per (bias kind, pass): ``'window'`` where the bias has a
+#: :class:`WindowBias` part (the local AQR bias), else ``'segment'`` (the global one); ``'fwdbwd'`` where autograd
+#: will differentiate the call, else ``'fwd'``. Above it ``segment`` (then ``flashbias``, ``sdpa``) as before.
+#: ``segment`` has a fixed cost per call (a fused kernel per key segment, the merge, the window slots, its custom
+#: backward) that only pays off against the dense bias, whose cost grows with ``Q * K``, beyond these sizes.
+#: Measured with ``tools/benchmark_attention.py --crossover`` (CPU fp32, 1 thread of a shared 2-core machine, 12
+#: queries x 312 keys up to R50's 900 x 22 384, table in docs/attention.md "auto by size"): dense sdpa is faster
+#: than segment up to about 6e4 (global bias, fwd+bwd), 2.5e5 (global, fwd), 1e6 (local, fwd+bwd) and 2e6 to 9e6
+#: (local, fwd) elements; each threshold is the power of two nearest its crossover. E.g. local fwd+bwd: 12 x 312
+#: keys (2 heads): segment 12.1x bias-free SDPA, sdpa 4.95x; 50 x 1 456 (4 heads): 1.99x vs 1.48x; 100 x 1 456:
+#: 1.34x vs 1.76x. Near a threshold the two differ by less than the measurement's spread (~10 %).
+DENSE_BIAS_MAX_ELEMENTS = {
+    ('segment', 'fwd'): 2**18,  # 262 144
+    ('segment', 'fwdbwd'): 2**16,  # 65 536
+    ('window', 'fwd'): 2**22,  # 4 194 304
+    ('window', 'fwdbwd'): 2**20,  # 1 048 576
+}
+#: device types the size rule was measured on and applies to; on CUDA (no GPU to measure it on) ``auto`` keeps
+#: ``segment`` first at every size
+SIZE_RULE_DEVICES = ('cpu', )
 
-def _auto_order(call: AttentionCall) -> Tuple[str, ...]:
+
+def dense_elements(call: AttentionCall) -> int:
+    """``bs * heads * Q * K``: the elements of the score matrix a dense bias is applied to."""
+    bs, heads, num_queries, _ = call.q.shape
+    num_keys = _num_keys(call.k, call.key_padding_mask)
+    if num_keys is None:
+        num_keys = call.bias.num_keys if call.bias is not None else 0
+    return bs * heads * num_queries * num_keys
+
+
+def size_rule_key(call: AttentionCall) -> Tuple[str, str]:
+    """The key of :data:`DENSE_BIAS_MAX_ELEMENTS` that applies to ``call``: (``'window'`` | ``'segment'``,
+    ``'fwdbwd'`` | ``'fwd'``)."""
+    window = call.bias is not None and any(isinstance(p, WindowBias) for p in call.bias.parts)
+    return ('window' if window else 'segment'), ('fwdbwd' if call.needs_grad else 'fwd')
+
+
+def _auto_order(call: AttentionCall) -> Tuple[Tuple[str, ...], str]:
+    """The preference list for ``call`` and why it is that list."""
     structured = call.bias is not None and any(not isinstance(p, DenseBias) for p in call.bias.parts)
-    if call.device_type == 'cuda':
-        if not structured:
-            return 'flash_attn', 'sdpa', 'math'
-        return 'segment', 'flashbias', 'sdpa', 'math'
     if not structured:
-        return 'sdpa', 'math'
-    return 'segment', 'flashbias', 'sdpa', 'math'
+        return (('flash_attn', 'sdpa', 'math') if call.device_type == 'cuda' else ('sdpa', 'math')), \
+            'no structured bias'
+    if call.device_type not in SIZE_RULE_DEVICES:
+        return LARGE_ORDER, (f'no size rule on {call.device_type} (DENSE_BIAS_MAX_ELEMENTS is measured on '
+                             f'{"/".join(SIZE_RULE_DEVICES)} only)')
+    key = size_rule_key(call)
+    threshold, elements = DENSE_BIAS_MAX_ELEMENTS[key], dense_elements(call)
+    size = f'bs*heads*Q*K = {elements} {"<=" if elements <= threshold else ">"} DENSE_BIAS_MAX_ELEMENTS{list(key)} = ' \
+        f'{threshold} on {call.device_type}'
+    if elements <= threshold:
+        return SMALL_ORDER, size + ": dense sdpa costs less than segment's fixed cost per call"
+    return LARGE_ORDER, size
 
 
 def _choose(call: AttentionCall, prefer: Optional[str] = None) -> Tuple[str, str]:
-    order = _auto_order(call)
+    order, why = _auto_order(call)
     if prefer is not None:
         order = (prefer, ) + tuple(name for name in order if name != prefer)
+        why += f'; {prefer} preferred'
     skipped = []
     for name in order:
         reasons = BACKENDS[name].not_supported_reasons(call)
         if not reasons:
-            reason = f'first of {list(order)} on {call.device_type} that can apply it exactly'
+            reason = f'{why}: first of {list(order)} on {call.device_type} that can apply it exactly'
             if skipped:
                 reason += '; skipped ' + '; '.join(skipped)
             return name, reason
@@ -136,7 +198,9 @@ def select_backend(q: Tensor,
 
 def _log_once(name: str, call: AttentionCall, reason: str) -> None:
     parts = tuple(type(p).__name__ for p in call.bias.parts) if call.bias is not None else ()
-    key = (name, parts, call.device_type, call.q.dtype, call.key_padding_mask is not None, call.dropout_p > 0, reason)
+    # sizes left out: one line per kind of call, not per query count (DN queries vary from step to step)
+    key = (name, parts, call.device_type, call.q.dtype, call.key_padding_mask is not None, call.dropout_p > 0,
+           re.sub(r'\d+', 'N', reason))
     if key not in _LOGGED:
         _LOGGED.add(key)
         logger.info(f"apply_attention: backend '{name}' for {call.describe()}: {reason}")
