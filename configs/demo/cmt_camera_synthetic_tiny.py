@@ -50,5 +50,13 @@ model = dict(
     pts_middle_encoder=None,
     pts_backbone=None,
     pts_neck=None,
-    pts_bbox_head=dict(type='CmtImageHead', transformer=dict(type='CmtImageTransformer'),
-                       camera_window_prior=dict(window_size=5, bias=4.0)))
+    pts_bbox_head=dict(
+        type='CmtImageHead',
+        transformer=dict(type='CmtImageTransformer'),
+        # the camera learning aids (docs/demo.md "Cameras that see"): the locality prior CMT-AQR's router starts
+        # with, 2D centre-heatmap + object-depth supervision, and camera tokens embedded at their predicted depth
+        camera_window_prior=dict(window_size=5, bias=4.0),
+        image_aux_config=dict(type='ImageAuxHead'),
+        camera_depth_position=True))
+# a camera-only step costs about half a fusion step, so it trains twice as many epochs in the demo's budget
+runner = dict(type='EpochBasedRunner', max_epochs=24)
