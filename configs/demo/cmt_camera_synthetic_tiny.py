@@ -58,5 +58,5 @@ model = dict(
         camera_window_prior=dict(window_size=5, bias=4.0),
         image_aux_config=dict(type='ImageAuxHead'),
         camera_depth_position=True))
-# a camera-only step costs about half a fusion step, so it trains twice as many epochs in the demo's budget
-runner = dict(type='EpochBasedRunner', max_epochs=24)
+# a camera-only step costs about 0.6 s (a fusion step 0.9 s), so it trains 20 epochs in the demo's 20-minute budget
+runner = dict(type='EpochBasedRunner', max_epochs=20)
