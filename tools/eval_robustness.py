@@ -1,7 +1,7 @@
 """Robustness of a CMT / CMT-AQR checkpoint: nuScenes mAP and NDS under every test-time sensor corruption.
 
     python tools/eval_robustness.py CONFIG CHECKPOINT [--corruptions clean camera_drop fov:120 ...]
-        [--out DIR] [--samples N] [--corruption-seed S] [--cfg-options k=v ...]
+        [--routing learned oracle] [--out DIR] [--samples N] [--corruption-seed S] [--cfg-options k=v ...]
 
 The model is built and loaded once; for each corruption the test dataset is
 rebuilt with a ``SensorCorruption`` step right after its loading steps (as
@@ -14,7 +14,12 @@ Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
 ``clean`` per corruption) and ``robustness.json`` to ``--out`` (default
 ``work_dirs/<config name>/robustness``) and prints the table.
 ``--samples N`` evaluates the first N test samples only (quick runs; the
-devkit's ground truth is narrowed to the same samples).
+devkit's ground truth is narrowed to the same samples). ``--routing learned
+oracle`` evaluates a CMT-AQR model twice per corruption: with its router's
+weights and with the input's truth (LiDAR weight 1 where a query's BEV window
+holds points, camera weight 1 where a live camera sees it): the headroom
+routing could add. The table then has a ``routing`` column and each routing's
+deltas are against its own clean run.
 """
 import argparse
 import json
@@ -40,7 +45,9 @@ if REPO_ROOT not in sys.path:
 from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of  # noqa: E402
 from projects.mmdet3d_plugin.apis.testing import (apply_corruption, build_test_loader,  # noqa: E402
                                                   build_test_model, corruption_spec, evaluate_results,
-                                                  load_test_config, nuscenes_scores, prepare_test_config)
+                                                  load_test_config, nuscenes_scores, prepare_test_config,
+                                                  set_test_routing)
+from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import TEST_ROUTINGS  # noqa: E402
 from projects.mmdet3d_plugin.mmcv_custom.launch import default_device  # noqa: E402
 from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E402
 
@@ -66,6 +73,7 @@ class CorruptionResult:
         delta_NDS (float, optional): ``NDS - clean NDS``.
         error (str, optional): ``'ErrorType: message'`` of a failed run.
         seconds (float): wall time of inference and evaluation.
+        routing (str): the AQR routing at test time (``learned`` or ``oracle``).
     """
 
     corruption: str
@@ -76,6 +84,7 @@ class CorruptionResult:
     delta_NDS: Optional[float] = None
     error: Optional[str] = None
     seconds: float = 0.0
+    routing: str = 'learned'
 
 
 def robustness_spec(text: str) -> str:
@@ -90,6 +99,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--corruptions', nargs='+', type=robustness_spec, default=list(DEFAULT_CORRUPTIONS),
                         metavar='SPEC', help=f'"clean" and corruption specs to evaluate, in order (default: '
                         f'{" ".join(DEFAULT_CORRUPTIONS)})')
+    parser.add_argument('--routing', nargs='+', choices=TEST_ROUTINGS, default=['learned'],
+                        help='AQR routing(s) to evaluate: the router\'s weights and/or the oracle\'s')
     parser.add_argument('--out', help='output folder (default: work_dirs/<config name>/robustness)')
     parser.add_argument('--samples', type=int, help='evaluate the first N test samples only')
     parser.add_argument('--corruption-seed', type=int, default=0,
@@ -150,14 +161,12 @@ def evaluate_corruption(model: nn.Module, cfg: Config, corruption: str, logger: 
 
 
 def add_deltas(results: Sequence[CorruptionResult]) -> None:
-    """Fill in each result's change from the ``clean`` result (left None without a successful clean run)."""
-    clean = next((r for r in results if r.corruption == CLEAN and r.status == 'ok'), None)
-    if clean is None:
-        return
+    """Fill in each result's change from the ``clean`` result of its routing (None without a successful one)."""
+    clean = {r.routing: r for r in results if r.corruption == CLEAN and r.status == 'ok'}
     for result in results:
-        if result.status == 'ok':
+        if result.status == 'ok' and result.routing in clean:
             for score in SCORES:
-                setattr(result, f'delta_{score}', getattr(result, score) - getattr(clean, score))
+                setattr(result, f'delta_{score}', getattr(result, score) - getattr(clean[result.routing], score))
 
 
 def _number(value: Optional[float], signed: bool = False) -> str:
@@ -177,10 +186,16 @@ def _status(result: CorruptionResult) -> str:
 
 
 def markdown_table(results: Sequence[CorruptionResult]) -> str:
-    """The results as a Markdown table: corruption, mAP, NDS, their deltas from clean, status."""
-    lines = ['| corruption | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---:|---:|---:|---:|---|']
+    """The results as a Markdown table: corruption, mAP, NDS, their deltas from clean, status.
+
+    A ``routing`` column follows the corruption when the results hold more than the learned routing.
+    """
+    with_routing = any(result.routing != 'learned' for result in results)
+    lines = ['| corruption | routing | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---|---:|---:|---:|---:|---|'] \
+        if with_routing else ['| corruption | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---:|---:|---:|---:|---|']
     for result in results:
-        lines.append(f'| {result.corruption} | {_number(result.mAP)} | {_number(result.NDS)} | '
+        routing = f' {result.routing} |' if with_routing else ''
+        lines.append(f'| {result.corruption} |{routing} {_number(result.mAP)} | {_number(result.NDS)} | '
                      f'{_number(result.delta_mAP, True)} | {_number(result.delta_NDS, True)} | {_status(result)} |')
     return '\n'.join(lines)
 
@@ -210,20 +225,27 @@ def main(argv: Optional[List[str]] = None) -> List[CorruptionResult]:
     num_samples = min(args.samples or len(dataset), len(dataset))
     device = default_device()
     model = wrap_model(build_test_model(cfg, args.checkpoint, dataset.CLASSES, logger=logger), device, False)
-    logger.info(f'Robustness of {args.checkpoint} ({args.config}) on {device}: {len(args.corruptions)} runs of '
-                f'{num_samples} of {len(dataset)} test samples: {", ".join(args.corruptions)}')
+    runs = [(routing, corruption) for corruption in args.corruptions for routing in args.routing]
+    for routing in args.routing:
+        set_test_routing(model, routing)  # fails early for a model without AQR
+    logger.info(f'Robustness of {args.checkpoint} ({args.config}) on {device}: {len(runs)} runs of '
+                f'{num_samples} of {len(dataset)} test samples: {", ".join(args.corruptions)}; routing '
+                f'{", ".join(args.routing)}')
     results = []
-    for index, corruption in enumerate(args.corruptions, 1):
-        logger.info(f'[{index}/{len(args.corruptions)}] {corruption}')
+    for index, (routing, corruption) in enumerate(runs, 1):
+        name = corruption if args.routing == ['learned'] else f'{corruption} ({routing} routing)'
+        logger.info(f'[{index}/{len(runs)}] {name}')
+        set_test_routing(model, routing)
         result = evaluate_corruption(model, cfg, corruption, logger, args.samples, args.corruption_seed,
                                      samples_per_gpu)
-        logger.info(f'[{index}/{len(args.corruptions)}] {corruption}: '
+        result.routing = routing
+        logger.info(f'[{index}/{len(runs)}] {name}: '
                     + (f'mAP {result.mAP:.4f}, NDS {result.NDS:.4f}' if result.status == 'ok' else result.error)
                     + f' ({result.seconds:.0f} s)')
         results.append(result)
     add_deltas(results)
     header = dict(config=args.config, checkpoint=args.checkpoint, samples=num_samples,
-                  corruption_seed=args.corruption_seed)
+                  corruption_seed=args.corruption_seed, routing=args.routing)
     paths = write_report(results, out_dir, header)
     print(markdown_table(results))
     logger.info(f'wrote {" and ".join(paths)}')

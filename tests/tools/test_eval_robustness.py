@@ -101,3 +101,23 @@ def test_first_samples_are_evaluated_against_their_own_ground_truth(demo_checkpo
     assert all(ap == pytest.approx(0.0) for name, ap in aps.items() if name not in perfect)
     assert nuscenes_scores(metrics)['mAP'] == pytest.approx(len(perfect) / len(dataset.CLASSES), abs=0.02)
     assert keep_first_samples(dataset, 5) is None  # not below the length: nothing cut
+
+
+def test_learned_and_oracle_routing_are_evaluated_side_by_side(demo_checkpoint, tmp_path):
+    config, checkpoint = demo_checkpoint(AQR_DEMO)
+    results = eval_robustness.main([config, checkpoint, '--corruptions', 'clean', 'lidar_drop', '--routing', 'learned',
+                                    'oracle', '--out', str(tmp_path), '--samples', '1'])
+    assert [(r.corruption, r.routing) for r in results] == [('clean', 'learned'), ('clean', 'oracle'),
+                                                             ('lidar_drop', 'learned'), ('lidar_drop', 'oracle')]
+    assert all(r.status == 'ok' for r in results), [r.error for r in results]
+    assert results[3].delta_mAP == pytest.approx(results[3].mAP - results[1].mAP), 'deltas against the same routing'
+    rows = _table_rows((tmp_path / 'robustness.md').read_text())
+    assert [row[:2] for row in rows] == [['clean', 'learned'], ['clean', 'oracle'], ['lidar_drop', 'learned'],
+                                         ['lidar_drop', 'oracle']]
+
+
+def test_oracle_routing_needs_an_aqr_model(demo_checkpoint, tmp_path):
+    config, checkpoint = demo_checkpoint('cmt_synthetic_tiny')
+    with pytest.raises(ValueError, match='needs a CMT-AQR model'):
+        eval_robustness.main([config, checkpoint, '--corruptions', 'clean', '--routing', 'oracle', '--out',
+                              str(tmp_path), '--samples', '1'])

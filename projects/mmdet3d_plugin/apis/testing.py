@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..datasets.corruption_config import corrupt_config
 from ..datasets.pipelines.corruption import CORRUPTION_FORMS, parse_corruption
 from ..mmcv_custom.launch import load_config
+from ..models.dense_heads.aqr_routing import TEST_ROUTINGS
 
 #: ``evaluation`` config keys that belong to mmcv's EvalHook, not to ``dataset.evaluate``.
 EVAL_HOOK_KEYS = ('interval', 'tmpdir', 'start', 'gpu_collect', 'save_best', 'rule')
@@ -174,3 +175,20 @@ def nuscenes_scores(metrics: Dict[str, float], result_name: str = 'pts_bbox') ->
         raise KeyError(f'no {", ".join(f"{prefix}/{name}" for name in missing)} in the evaluation metrics '
                        f'{sorted(metrics)[:8]}...: was it a nuScenes bbox evaluation?')
     return {name: float(metrics[f'{prefix}/{name}']) for name in ('mAP', 'NDS')}
+
+
+def set_test_routing(model: nn.Module, routing: str) -> None:
+    """Make the CMT-AQR head of ``model`` (bare or wrapped) route with ``routing`` at test time.
+
+    ``'learned'``: the router's weights; ``'oracle'``: the input's truth
+    (``test_cfg['aqr_routing']``, see ``models/dense_heads/aqr_routing.py``).
+    """
+    if routing not in TEST_ROUTINGS:
+        raise ValueError(f'routing must be one of {TEST_ROUTINGS}, got {routing!r}')
+    head = getattr(getattr(model, 'module', model), 'pts_bbox_head', None)
+    if not getattr(head, 'with_query_routing', False):
+        if routing == 'learned':
+            return
+        raise ValueError(f'{routing} routing needs a CMT-AQR model (a CmtHead with aqr_config); '
+                         f'{type(head).__name__} routes nothing')
+    head.test_cfg = dict(head.test_cfg or {}, aqr_routing=routing)

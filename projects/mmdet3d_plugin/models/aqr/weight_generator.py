@@ -7,10 +7,12 @@ from mmcv.runner import BaseModule
 from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
+from ..utils.camera_geometry import stack_lidar2img
 from .aux_loss import modality_drop_flags, routing_loss
 from .local_window import LocalWindowAttention, check_window_size, window_token_index
 from .projection import project_reference_points
 from .routing_layer_config import resolve_layer_sizes
+from .routing_targets import camera_visible_objects, matched_object_targets, query_target_loss
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
 
@@ -131,6 +133,15 @@ class AQRWeightGenerator(BaseModule):
         aux_loss_weight (float): weight of the auxiliary routing loss from
             modality-drop augmentation (:mod:`.aux_loss`); 0 turns it off.
             Default: 0.
+        query_loss_weight (float): weight of the per-query routing loss
+            (:mod:`.routing_targets`): each query matched to an object learns
+            LiDAR = "its box holds >= ``min_lidar_points`` points", camera =
+            "its centre projects into a live view"; 0 turns it off. With it
+            on, the router reads its inputs (queries, memory, positions)
+            detached, so the targets train the router and nothing else (the
+            detection loss still trains the router's parameters). Default: 0.
+        min_lidar_points (int): points an object's box must hold for its
+            LiDAR target to be 1. Default: 5.
         init_weight (float | Sequence[float], optional): value both weights
             start at, or a ``(lidar, camera)`` pair, each in ``(0, 1)``; with
             ``'softmax'`` the pair must sum to more than 1 (the routes start at
@@ -148,6 +159,8 @@ class AQRWeightGenerator(BaseModule):
                  dropout: Optional[float] = None,
                  weight_activation: str = 'sigmoid',
                  aux_loss_weight: float = 0.0,
+                 query_loss_weight: float = 0.0,
+                 min_lidar_points: int = 5,
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
                  encoder_config: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -167,6 +180,12 @@ class AQRWeightGenerator(BaseModule):
         if aux_loss_weight < 0:
             raise ValueError(f'aux_loss_weight must be >= 0, got {aux_loss_weight}')
         self.aux_loss_weight = float(aux_loss_weight)
+        if query_loss_weight < 0:
+            raise ValueError(f'query_loss_weight must be >= 0, got {query_loss_weight}')
+        if min_lidar_points < 1:
+            raise ValueError(f'min_lidar_points must be >= 1, got {min_lidar_points}')
+        self.query_loss_weight = float(query_loss_weight)
+        self.min_lidar_points = int(min_lidar_points)
         self.attention = LocalWindowAttention(embed_dims, num_heads, attn_drop=dropout)
         self.attn_dropout = nn.Dropout(dropout)
         self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=sizes['feedforward_channels'], ffn_drop=dropout)
@@ -235,6 +254,11 @@ class AQRWeightGenerator(BaseModule):
         if tuple(reference_points.shape[:2]) != tuple(query_embed.shape[:2]):
             raise ValueError(f'reference_points {tuple(reference_points.shape)} do not match '
                              f'query_embed {tuple(query_embed.shape)}')
+        if self.with_query_targets:  # supervised routing: the targets train the router, not what it reads
+            query_embed, reference_points, bev_feat, img_feat = (
+                query_embed.detach(), reference_points.detach(), bev_feat.detach(), img_feat.detach())
+            bev_pos = bev_pos.detach() if bev_pos is not None else None
+            img_pos = img_pos.detach() if img_pos is not None else None
         memory, bev_shape, camera_shape = flatten_memory(bev_feat, img_feat)
         bs, num_keys, channels = memory.shape
         if channels != self.embed_dims:
@@ -275,3 +299,51 @@ class AQRWeightGenerator(BaseModule):
         lidar_dropped, camera_dropped = modality_drop_flags(img_metas, lidar_weights.device)
         return dict(loss_aqr_routing=self.aux_loss_weight *
                     routing_loss(lidar_weights, camera_weights, lidar_dropped, camera_dropped))
+
+    @property
+    def with_query_targets(self) -> bool:
+        """Whether the per-query routing loss is on (it needs the matches and the objects' point counts)."""
+        return self.query_loss_weight > 0
+
+    def query_loss(self, lidar_weights: Tensor, camera_weights: Tensor, matched_objects: Sequence[Sequence[Tensor]],
+                   gt_centres: Sequence[Tensor], gt_num_points: Sequence[Tensor],
+                   img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        """Per-query routing loss against what still sees each matched object (empty when it is off).
+
+        Args:
+            lidar_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
+            camera_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
+            matched_objects (Sequence[Sequence[Tensor]]): per sample, one
+                ``[Q]`` long tensor per matching (task): the object a query is
+                matched to, ``-1`` where none.
+            gt_centres (Sequence[Tensor]): per sample ``[n, 3]`` object centres (LiDAR frame).
+            gt_num_points (Sequence[Tensor]): per sample ``[n]`` LiDAR points in each object's box.
+            img_metas (Sequence[dict]): ``lidar2img``, ``pad_shape`` and the dead views.
+
+        Returns:
+            dict[str, Tensor]: ``loss_aqr_query`` and ``aqr_query_accuracy``
+            (matched weights on the target's side of 0.5; logged, not optimised).
+        """
+        if not self.with_query_targets:
+            return {}
+        bs = lidar_weights.shape[0]
+        if not len(matched_objects) == len(gt_centres) == len(gt_num_points) == len(img_metas) == bs:
+            raise ValueError(f'query_loss: {len(matched_objects)} matchings, {len(gt_centres)} centre sets, '
+                             f'{len(gt_num_points)} point counts and {len(img_metas)} metas for a batch of {bs}')
+        lidar2img = stack_lidar2img(img_metas, lidar_weights.device)
+        targets, matched = [], []
+        for index, meta in enumerate(img_metas):
+            centres, num_points = gt_centres[index], gt_num_points[index].to(lidar_weights.device)
+            if num_points.shape != centres.shape[:1]:
+                raise ValueError(f'sample {index}: {num_points.numel()} point counts for {centres.shape[0]} objects')
+            sample_targets, sample_matched = matched_object_targets(
+                matched_objects[index], num_points >= self.min_lidar_points,
+                camera_visible_objects(centres.to(lidar2img.device), lidar2img[index], meta))
+            targets.append(sample_targets)
+            matched.append(sample_matched)
+        targets, matched = torch.stack(targets), torch.stack(matched)
+        loss = query_target_loss(lidar_weights, camera_weights, targets, matched)
+        weights = torch.stack([lidar_weights, camera_weights], dim=-1).detach()
+        correct = ((weights > 0.5) == (targets > 0.5)).float().mean(dim=-1)
+        accuracy = (correct * matched).sum() / matched.sum().clamp(min=1)
+        return dict(loss_aqr_query=self.query_loss_weight * loss, aqr_query_accuracy=accuracy)

@@ -33,16 +33,22 @@ only those reported missing.
 """
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import torch
 from mmdet.models.builder import MODELS
 from torch import Tensor
 
 from ...attention import AttentionBias
+from ..aqr.routing_targets import live_camera_views, lidar_occupancy, oracle_routing_weights
 from ..utils.denoising import DenoisingQueries
 from ..utils.petr_transformer import PerLayer
 
 MODULATIONS = ('attention_bias', 'feature')
+#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`).
+TEST_ROUTINGS = ('learned', 'oracle')
+#: img_meta key of a sample's LiDAR points ``[P, 3]`` for the oracle routing (test time only).
+ORACLE_POINTS_KEY = 'oracle_lidar_points'
 logger = logging.getLogger('mmdet')
 
 
@@ -81,7 +87,10 @@ class AQRRoutingMixin:
     """Builds the AQR modules of a fusion head and routes its queries.
 
     The host head provides ``hidden_dim``, ``pc_range``, ``transformer``,
-    ``uses_lidar`` and ``uses_camera``.
+    ``uses_lidar``, ``uses_camera`` and ``test_cfg``. ``test_cfg['aqr_routing'] =
+    'oracle'`` replaces the learned weights at test time by the input's truth
+    (LiDAR 1 where a query's BEV window holds points, camera 1 where a live view
+    sees its reference point): the headroom routing could add.
     """
 
     def init_query_routing(self,
@@ -186,9 +195,11 @@ class AQRRoutingMixin:
         lidar_weights, camera_weights, info = self.aqr_weight_generator(
             query_embed[:, num_dn:], reference_points[:, num_dn:], bev_feat, img_feat, img_metas, self.pc_range,
             bev_pos=bev_pos, img_pos=rv_pos)
-        routing = QueryRouting(lidar_weights, camera_weights, info, img_metas)
         bev_shape = tuple(bev_feat.shape[-2:])
         camera_shape = (img_feat.size(0) // bev_feat.size(0), *img_feat.shape[-2:])
+        if not self.training and self.test_routing == 'oracle':
+            lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas)
+        routing = QueryRouting(lidar_weights, camera_weights, info, img_metas)
         if self.modulation == 'feature':
             bev_map, camera_map = self.weight_renderer(lidar_weights, camera_weights, info, bev_shape, camera_shape)
             return RoutedInputs(self.feature_modulator(bev_feat, bev_map), self.feature_modulator(img_feat, camera_map),
@@ -197,11 +208,61 @@ class AQRRoutingMixin:
                                              num_dn_queries=num_dn, feature_dtype=bev_feat.dtype)
         return RoutedInputs(bev_feat, img_feat, PerLayer(bias) if isinstance(bias, list) else bias, routing)
 
-    def routing_loss(self, routing: Optional[QueryRouting]) -> Dict[str, Tensor]:
-        """The AQR auxiliary routing loss (empty unless ``aux_loss_weight`` > 0)."""
+    @property
+    def test_routing(self) -> str:
+        """``test_cfg['aqr_routing']``: ``'learned'`` (default) or ``'oracle'`` (evaluation of routing headroom)."""
+        routing = (self.test_cfg or {}).get('aqr_routing', 'learned')
+        if routing not in TEST_ROUTINGS:
+            raise ValueError(f"{type(self).__name__}: test_cfg['aqr_routing'] must be one of {TEST_ROUTINGS}, "
+                             f"got {routing!r}")
+        return routing
+
+    @property
+    def needs_points_in_metas(self) -> bool:
+        """Whether the detector must put each sample's points in its img_meta at test time (oracle routing)."""
+        return self.with_query_routing and self.test_routing == 'oracle'
+
+    def _oracle_weights(self, info: Dict[str, Tensor], bev_shape: Tuple[int, int], num_views: int,
+                        img_metas: Sequence[dict]) -> Tuple[Tensor, Tensor]:
+        """The oracle's ``lidar`` / ``camera`` weights ``[bs, Q]`` (see ``models/aqr/routing_targets.py``)."""
+        device = info['pts_bev'].device
+        occupancy, live = [], []
+        for index, meta in enumerate(img_metas):
+            if ORACLE_POINTS_KEY not in meta:
+                raise KeyError(f"img_metas[{index}] has no '{ORACLE_POINTS_KEY}': oracle routing reads the sample's "
+                               f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
+            occupancy.append(lidar_occupancy(meta[ORACLE_POINTS_KEY].to(device), self.pc_range, bev_shape))
+            live.append(live_camera_views(meta, num_views, device))
+        return oracle_routing_weights(info, torch.stack(occupancy), torch.stack(live),
+                                      self.aqr_weight_generator.lidar_window)
+
+    @property
+    def needs_gt_point_counts(self) -> bool:
+        """Whether ``loss`` needs ``gt_num_points`` (AQR's per-query routing loss is on)."""
+        return self.with_query_routing and self.aqr_weight_generator.with_query_targets
+
+    def routing_loss(self, routing: Optional[QueryRouting], matched_objects: Optional[Sequence[Sequence[Tensor]]],
+                     gt_bboxes_3d: Sequence, gt_num_points: Optional[Sequence[Tensor]]) -> Dict[str, Tensor]:
+        """AQR's routing losses: the per-sample one (``aux_loss_weight``) and the per-query one (``query_loss_weight``).
+
+        Args:
+            routing (QueryRouting, optional): what the forward decided (None without AQR).
+            matched_objects: per sample, per task ``[Q]`` the matched object (see ``CmtHeadLossMixin.loss``).
+            gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample.
+            gt_num_points (Sequence[Tensor], optional): per sample ``[n]`` LiDAR points in each box.
+        """
         if routing is None:
             return {}
-        return self.aqr_weight_generator.loss(routing.lidar_weights, routing.camera_weights, routing.img_metas)
+        generator = self.aqr_weight_generator
+        losses = generator.loss(routing.lidar_weights, routing.camera_weights, routing.img_metas)
+        if generator.with_query_targets:
+            if gt_num_points is None:
+                raise ValueError(f'{type(self).__name__}: AQR query_loss_weight > 0 needs gt_num_points (the LiDAR '
+                                 f'points in each ground-truth box; CmtDetector.forward_train counts them)')
+            centres = [boxes.gravity_center.to(routing.lidar_weights.device) for boxes in gt_bboxes_3d]
+            losses.update(generator.query_loss(routing.lidar_weights, routing.camera_weights, matched_objects,
+                                               centres, gt_num_points, routing.img_metas))
+        return losses
 
 
 def routing_of(preds_dicts: Sequence[List[dict]]) -> Optional[QueryRouting]:

@@ -482,11 +482,20 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             preds_dicts[0][0][TRAINED_SAMPLES_KEY] = trained_samples(modality_pass, img_metas)
         return preds_dicts
 
-    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
-             preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
-        """Detection losses (see ``CmtHeadLossMixin.loss``), AQR's routing loss and ``image_aux.*`` when enabled."""
-        losses = super().loss(gt_bboxes_3d, gt_labels_3d, preds_dicts)
-        losses.update(self.routing_loss(routing_of(preds_dicts)))
+    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], preds_dicts: Sequence[List[dict]],
+             gt_num_points: Optional[Sequence[Tensor]] = None) -> Dict[str, Tensor]:
+        """Detection losses (see ``CmtHeadLossMixin.loss``), AQR's routing losses and ``image_aux.*`` when enabled.
+
+        Args:
+            gt_num_points (Sequence[Tensor], optional): per sample ``[n]`` the
+                LiDAR points inside each ground-truth box, needed by AQR's
+                per-query routing loss (``needs_gt_point_counts``; the detector
+                counts them).
+        """
+        routing = routing_of(preds_dicts)
+        matched_objects = [] if routing is not None and self.needs_gt_point_counts else None
+        losses = super().loss(gt_bboxes_3d, gt_labels_3d, preds_dicts, matched_objects=matched_objects)
+        losses.update(self.routing_loss(routing, matched_objects, gt_bboxes_3d, gt_num_points))
         image_aux = preds_dicts[0][0].get(IMAGE_AUX_KEY)
         if image_aux is not None:
             aux_losses = self.image_aux_head.loss(image_aux, gt_bboxes_3d, gt_labels_3d)

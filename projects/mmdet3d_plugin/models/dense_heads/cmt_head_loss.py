@@ -62,6 +62,12 @@ def task_labels(labels: Tensor, offset: int, num_task_classes: int) -> Tensor:
     return torch.where(outside, torch.full_like(local, num_task_classes), local)
 
 
+def sample_objects(assigned: Tensor, object_index: Tensor) -> Tensor:
+    """Map a task's matching ``[Q]`` (task-local box index, ``-1``: none) to the sample's box indices."""
+    return torch.where(assigned >= 0, object_index[assigned.clamp(min=0)] if object_index.numel() else assigned,
+                       assigned)
+
+
 class CmtHeadLossMixin:
     """``loss`` of :class:`CmtHead`; reads the head's ``assigner``, ``loss_cls``,
     ``loss_bbox``, ``num_classes``, ``train_cfg``, ``scalar``, ``split`` and ``dn_weight``."""
@@ -97,14 +103,19 @@ class CmtHeadLossMixin:
         return device_constant(self.train_cfg['code_weights'], like.device, like.dtype)
 
     @force_fp32(apply_to=('preds_dicts', ))
-    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
-             preds_dicts: Sequence[List[dict]]) -> Dict[str, Tensor]:
+    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], preds_dicts: Sequence[List[dict]],
+             matched_objects: Optional[List[List[Tensor]]] = None) -> Dict[str, Tensor]:
         """Matching and DN losses of every decoder layer of every decoding pass.
 
         Args:
             gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample, with velocity.
             gt_labels_3d (Sequence[Tensor]): per sample global class indices.
             preds_dicts: output of the head's ``forward`` in training mode.
+            matched_objects (list, optional): an empty list to fill with the
+                fused pass's last-layer matching: per sample, one ``[Q]`` long
+                tensor per task holding the index (in the sample's
+                ``gt_bboxes_3d``) of the object each query is matched to, ``-1``
+                where none.
 
         Returns:
             dict[str, Tensor]: scalar losses (see the module docstring).
@@ -112,21 +123,29 @@ class CmtHeadLossMixin:
         if not hasattr(self, 'assigner'):
             raise RuntimeError(f'{type(self).__name__} was built without train_cfg; it cannot compute losses')
         boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d)
-        task_gts = []
+        task_gts, task_gt_index = [], []
         for offset, num_cls in zip(self._class_offsets(), self.num_classes):
-            per_sample = []
+            per_sample, per_sample_index = [], []
             for sample_boxes, sample_labels in zip(boxes, labels):
                 local = task_labels(sample_labels, offset, num_cls)
                 keep = local < num_cls
                 per_sample.append((sample_boxes[keep], local[keep]))
+                per_sample_index.append(keep.nonzero()[:, 0])
             task_gts.append(per_sample)
+            task_gt_index.append(per_sample_index)
         losses: Dict[str, Tensor] = {}
         for prefix, pass_preds in decoding_passes(preds_dicts):
-            losses.update(self._pass_losses(pass_preds, task_gts, [len(b) for b in boxes], prefix))
+            assignments = [] if matched_objects is not None and prefix == '' else None
+            losses.update(self._pass_losses(pass_preds, task_gts, [len(b) for b in boxes], prefix, assignments))
+            if assignments is not None:
+                matched_objects.extend(
+                    [sample_objects(task[sample], task_gt_index[task_id][sample])
+                     for task_id, task in enumerate(assignments)] for sample in range(len(boxes)))
         return losses
 
     def _pass_losses(self, preds_dicts: Sequence[List[dict]], task_gts: Sequence[Sequence[Tuple[Tensor, Tensor]]],
-                     num_boxes: Sequence[int], prefix: str) -> Dict[str, Tensor]:
+                     num_boxes: Sequence[int], prefix: str,
+                     assignments: Optional[List[List[Tensor]]] = None) -> Dict[str, Tensor]:
         """The losses of one decoding pass, named with ``prefix``.
 
         Args:
@@ -136,12 +155,17 @@ class CmtHeadLossMixin:
             task_gts: per task, per sample ``(boxes [n, 9], task labels [n])``.
             num_boxes (Sequence[int]): ground-truth boxes per sample.
             prefix (str): ``''`` for the fused pass, ``'<pass>.'`` otherwise.
+            assignments (list, optional): filled with the last layer's
+                matching: per task, per sample ``[Q]`` long, the matched
+                object's index among the task's objects, ``-1`` where none.
         """
         first = preds_dicts[0][0]
         trained = first.get(TRAINED_SAMPLES_KEY, (True, ) * len(num_boxes))
         num_layers = first['cls_logits'].size(0)
         losses: Dict[str, Tensor] = {}
-        matching = [self._layer_matching_loss(preds_dicts, task_gts, layer, trained) for layer in range(num_layers)]
+        matching = [self._layer_matching_loss(preds_dicts, task_gts, layer, trained,
+                                              assignments if layer == num_layers - 1 else None)
+                    for layer in range(num_layers)]
         self._name_layer_losses(losses, matching, prefix, '')
         if TRAINED_SAMPLES_KEY in first:
             losses[f'{prefix}num_samples'] = torch.full((), float(sum(trained)), device=matching[-1][0].device)
@@ -168,18 +192,23 @@ class CmtHeadLossMixin:
             losses[f'{pass_prefix}d{layer}.{loss_prefix}loss_cls'] = loss_cls
             losses[f'{pass_prefix}d{layer}.{loss_prefix}loss_bbox'] = loss_bbox
 
-    def _layer_matching_loss(self, preds_dicts, task_gts, layer: int,
-                             trained: Sequence[bool]) -> Tuple[Tensor, Tensor]:
+    def _layer_matching_loss(self, preds_dicts, task_gts, layer: int, trained: Sequence[bool],
+                             assignments: Optional[List[List[Tensor]]] = None) -> Tuple[Tensor, Tensor]:
         loss_cls, loss_bbox = 0, 0
         for task_id, task_preds in enumerate(preds_dicts):
             preds = task_preds[0]
+            task_assignments = None
+            if assignments is not None:
+                task_assignments = []
+                assignments.append(task_assignments)
             task_cls, task_bbox = self._matching_loss(
-                regression_code(preds)[layer], preds['cls_logits'][layer], task_gts[task_id], trained)
+                regression_code(preds)[layer], preds['cls_logits'][layer], task_gts[task_id], trained,
+                task_assignments)
             loss_cls, loss_bbox = loss_cls + task_cls, loss_bbox + task_bbox
         return loss_cls, loss_bbox
 
     def _matching_loss(self, codes: Tensor, logits: Tensor, gts: Sequence[Tuple[Tensor, Tensor]],
-                       trained: Sequence[bool]) -> Tuple[Tensor, Tensor]:
+                       trained: Sequence[bool], assignments: Optional[List[Tensor]] = None) -> Tuple[Tensor, Tensor]:
         """One task, one decoder layer.
 
         Args:
@@ -188,6 +217,8 @@ class CmtHeadLossMixin:
             gts: per sample ``(boxes [n, 9], task labels [n])``.
             trained (Sequence[bool]): per sample whether it takes part; the
                 others are not matched and weigh 0.
+            assignments (list, optional): filled with per sample ``[Q]`` long,
+                the matched box's index in ``gts``, ``-1`` where none.
         """
         num_task_classes = logits.size(-1)
         cls_targets, cls_weights, pos_preds, pos_targets = [], [], [], []
@@ -198,6 +229,8 @@ class CmtHeadLossMixin:
                 assigned = torch.zeros(sample_codes.size(0), dtype=torch.long, device=sample_codes.device)
             positive = assigned > 0
             matched = assigned[positive] - 1
+            if assignments is not None:
+                assignments.append(assigned - 1)
             targets = torch.full_like(assigned, num_task_classes)
             targets[positive] = gt_labels[matched]
             cls_targets.append(targets)

@@ -30,6 +30,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention.backends.exact_rows import pop_inexact_rows
 from ...core.host_data import permitted_host_sync
+from ..aqr.routing_targets import count_points_in_boxes
+from ..dense_heads.aqr_routing import ORACLE_POINTS_KEY
 from ..utils.grid_mask import GridMask
 from ..utils.spconv_voxelize import SPConvVoxelization
 
@@ -245,16 +247,28 @@ class CmtDetector(MVXTwoStageDetector):
         if gt_bboxes_3d is None or gt_labels_3d is None:
             raise ValueError('CmtDetector.forward_train needs gt_bboxes_3d and gt_labels_3d')
         img_feats, pts_feats = self.extract_feat(points, img=img, img_metas=img_metas)
-        return self.forward_pts_train(pts_feats, img_feats, gt_bboxes_3d, gt_labels_3d, img_metas)
+        gt_num_points = None
+        if getattr(self.pts_bbox_head, 'needs_gt_point_counts', False):
+            if points is None:
+                raise ValueError(f'{type(self.pts_bbox_head).__name__} needs the LiDAR points to count those in each '
+                                 f'ground-truth box (AQR query_loss_weight > 0)')
+            gt_num_points = [count_points_in_boxes(sample_points, boxes.tensor.to(sample_points.device))
+                             for sample_points, boxes in zip(points, gt_bboxes_3d)]
+        return self.forward_pts_train(pts_feats, img_feats, gt_bboxes_3d, gt_labels_3d, img_metas, gt_num_points)
 
     @force_fp32(apply_to=('pts_feats', 'img_feats'))
     def forward_pts_train(self, pts_feats: Optional[List[Tensor]], img_feats: Optional[List[Tensor]],
-                          gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
-                          img_metas: Sequence[dict]) -> Dict[str, Tensor]:
-        """Head forward (with denoising queries) and losses."""
+                          gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], img_metas: Sequence[dict],
+                          gt_num_points: Optional[List[Tensor]] = None) -> Dict[str, Tensor]:
+        """Head forward (with denoising queries) and losses.
+
+        ``gt_num_points`` (per sample ``[n]``, the LiDAR points in each box) is
+        passed to the head's ``loss`` when given (``needs_gt_point_counts``).
+        """
         outs = self.pts_bbox_head(pts_feats or [None], img_feats or [None], img_metas, gt_bboxes_3d, gt_labels_3d)
+        extra = {} if gt_num_points is None else dict(gt_num_points=gt_num_points)
         with permitted_host_sync():  # the Hungarian matching runs on the host; the boxes are split per task
-            losses = self.pts_bbox_head.loss(gt_bboxes_3d, gt_labels_3d, outs)
+            losses = self.pts_bbox_head.loss(gt_bboxes_3d, gt_labels_3d, outs, **extra)
         inexact = pop_inexact_rows()
         if inexact is not None:  # rows segment attention left inexact off the CPU (read when the log is)
             losses['segment_inexact_rows'] = inexact.float()
@@ -299,6 +313,11 @@ class CmtDetector(MVXTwoStageDetector):
             list[dict]: per sample ``dict(pts_bbox=dict(boxes_3d, scores_3d, labels_3d))``.
         """
         img_feats, pts_feats = self.extract_feat(points, img=img, img_metas=img_metas)
+        if getattr(self.pts_bbox_head, 'needs_points_in_metas', False):
+            if points is None:
+                raise ValueError('oracle routing (test_cfg aqr_routing=oracle) needs the LiDAR points')
+            img_metas = [dict(meta, **{ORACLE_POINTS_KEY: sample_points[:, :3]})
+                         for meta, sample_points in zip(img_metas, points)]
         bbox_pts = self.simple_test_pts(pts_feats, img_feats, img_metas, rescale=rescale)
         return [dict(pts_bbox=result) for result in bbox_pts]
 

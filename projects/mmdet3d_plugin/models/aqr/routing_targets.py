@@ -1,0 +1,204 @@
+"""Per-query routing targets: which sensor still sees the object a query is matched to.
+
+MoME supervises its router with one label per *sample* (which modality
+``ModalMask3D`` dropped, :mod:`.aux_loss`); that can learn "which sensor is
+dead", never "which sensor sees *this* object". Here every ground-truth object
+gets two truths, computed from the (possibly corrupted) input itself:
+
+* LiDAR: the object's box still holds at least ``min_points`` points;
+* camera: the object's centre projects into a live camera view (in front of
+  it, inside its image, the view not blacked out).
+
+A query matched to an object by the detection loss's Hungarian assignment
+takes that object's truths as targets of its ``lidar`` / ``camera`` weights
+(binary cross-entropy); unmatched queries get no target.
+
+The *oracle* routing (:func:`oracle_routing_weights`) gives every query, at
+test time, the weights the corrupted input's truth implies: LiDAR 1 where its
+BEV window holds points, camera 1 where a live view sees its reference point.
+Everything here is a pure function of tensors and metas, so it is testable
+without a model.
+"""
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ...core.host_data import host_to_device
+from ...datasets.pipelines.corruption import CORRUPTION_KEY
+from ..utils.camera_geometry import pad_shape_hw, project_to_views
+from .aux_loss import DROPPED_MODALITIES_KEY
+from .local_window import window_token_index
+from .projection import bev_cells
+
+#: boxes per block in :func:`count_points_in_boxes` (bounds its ``[points, block]`` temporaries).
+BOX_BLOCK = 16
+
+
+def count_points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
+    """How many points each box holds.
+
+    Args:
+        points (Tensor): ``[P, >=3]`` LiDAR points (``x, y, z`` first).
+        boxes (Tensor): ``[n, >=7]`` LiDAR boxes ``(x, y, z_bottom, x_size,
+            y_size, z_size, yaw)`` (mmdet3d's ``LiDARInstance3DBoxes.tensor``;
+            yaw counter-clockwise from ``+x``, ``x_size`` along the heading).
+
+    Returns:
+        Tensor: ``[n]`` long, the points inside each box (surface included).
+    """
+    if points.dim() != 2 or points.shape[1] < 3:
+        raise ValueError(f'points must be [P, >=3], got {tuple(points.shape)}')
+    if boxes.dim() != 2 or boxes.shape[1] < 7:
+        raise ValueError(f'boxes must be [n, >=7] (x, y, z, x_size, y_size, z_size, yaw), got {tuple(boxes.shape)}')
+    xyz = points[:, :3].to(boxes.dtype)
+    counts = []
+    for block in boxes.split(BOX_BLOCK):
+        offset = xyz[:, None, :] - block[None, :, :3]  # [P, b, 3]
+        cos, sin = torch.cos(block[:, 6]), torch.sin(block[:, 6])
+        along = offset[..., 0] * cos + offset[..., 1] * sin
+        across = -offset[..., 0] * sin + offset[..., 1] * cos
+        inside = ((along.abs() <= block[:, 3] / 2) & (across.abs() <= block[:, 4] / 2) & (offset[..., 2] >= 0)
+                  & (offset[..., 2] <= block[:, 5]))
+        counts.append(inside.sum(dim=0))
+    return torch.cat(counts) if counts else boxes.new_zeros(0, dtype=torch.long)
+
+
+def live_camera_views(img_meta: Mapping, num_views: int, device: torch.device) -> Tensor:
+    """Which camera views of a sample show the scene.
+
+    A view is dead when ``ModalMask3D`` dropped the images
+    (``'image'`` in ``img_meta['dropped_modalities']``) or when
+    ``SensorCorruption`` blacked it out (``img_meta['corruption']['views']``).
+
+    Returns:
+        Tensor: ``[num_views]`` bool.
+    """
+    live = [True] * num_views
+    if 'image' in img_meta.get(DROPPED_MODALITIES_KEY, ()):
+        live = [False] * num_views
+    for view in (img_meta.get(CORRUPTION_KEY) or {}).get('views', ()):
+        if not 0 <= view < num_views:
+            raise ValueError(f"img_meta['{CORRUPTION_KEY}']['views'] names view {view}, the sample has {num_views}")
+        live[view] = False
+    return host_to_device(live, device, torch.bool)
+
+
+def camera_visible_objects(centres: Tensor, lidar2img: Tensor, img_meta: Mapping) -> Tensor:
+    """Whether each object's centre projects into a live camera view.
+
+    Args:
+        centres (Tensor): ``[n, 3]`` object (gravity) centres in the LiDAR frame.
+        lidar2img (Tensor): ``[N, 4, 4]`` the sample's projections.
+        img_meta (Mapping): ``pad_shape`` (the image extent the camera tokens
+            cover), ``dropped_modalities`` / ``corruption`` (dead views).
+
+    Returns:
+        Tensor: ``[n]`` bool.
+    """
+    if lidar2img.dim() != 3 or lidar2img.shape[1:] != (4, 4):
+        raise ValueError(f'lidar2img must be [N, 4, 4], got {tuple(lidar2img.shape)}')
+    live = live_camera_views(img_meta, lidar2img.shape[0], centres.device)
+    _, in_view = project_to_views(centres[None].to(lidar2img.dtype), lidar2img[None], pad_shape_hw([img_meta]))
+    return (in_view[0] & live[:, None]).any(dim=0)
+
+
+def matched_object_targets(assignments: Sequence[Tensor], lidar_visible: Tensor,
+                           camera_visible: Tensor) -> Sequence[Tensor]:
+    """Routing targets of one sample's queries from their matches.
+
+    Args:
+        assignments (Sequence[Tensor]): one ``[Q]`` long tensor per matching
+            (e.g. per task): the matched object's index in the sample, ``-1``
+            where the query is unmatched.
+        lidar_visible (Tensor): ``[n]`` bool per object.
+        camera_visible (Tensor): ``[n]`` bool per object.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``targets [Q, 2]`` float (LiDAR, camera; the
+        mean over the matchings that matched the query) and ``matched [Q]`` bool.
+    """
+    if not assignments:
+        raise ValueError('matched_object_targets needs at least one assignment')
+    truths = torch.stack([lidar_visible, camera_visible], dim=-1).float()  # [n, 2]
+    total = truths.new_zeros(assignments[0].numel(), 2)
+    count = truths.new_zeros(assignments[0].numel())
+    for assigned in assignments:
+        matched = assigned >= 0
+        total[matched] += truths[assigned[matched]]
+        count += matched.float()
+    matched = count > 0
+    return total / count.clamp(min=1.0)[:, None], matched
+
+
+def query_target_loss(lidar_weights: Tensor, camera_weights: Tensor, targets: Tensor, matched: Tensor,
+                      eps: float = 1e-6) -> Tensor:
+    """Binary cross-entropy of the routing weights of matched queries against their targets.
+
+    Args:
+        lidar_weights (Tensor): ``[bs, Q]`` in ``[0, 1]``.
+        camera_weights (Tensor): ``[bs, Q]`` in ``[0, 1]``.
+        targets (Tensor): ``[bs, Q, 2]`` (LiDAR, camera) in ``[0, 1]``.
+        matched (Tensor): ``[bs, Q]`` bool; only these queries count.
+        eps (float): the weights are clamped to ``[eps, 1 - eps]``.
+
+    Returns:
+        Tensor: scalar float32 mean over matched queries and both weights; 0
+        (still attached to the graph) when no query is matched.
+    """
+    weights = torch.stack([lidar_weights, camera_weights], dim=-1).float().clamp(eps, 1.0 - eps)
+    if targets.shape != weights.shape or matched.shape != weights.shape[:2]:
+        raise ValueError(f'targets {tuple(targets.shape)} / matched {tuple(matched.shape)} do not match the weights '
+                         f'{tuple(weights.shape)}')
+    bce = -(targets * weights.log() + (1 - targets) * torch.log1p(-weights))  # [bs, Q, 2]
+    mask = matched.to(bce.dtype)[..., None]
+    return (bce * mask).sum() / (2 * mask.sum()).clamp(min=1.0)
+
+
+def lidar_occupancy(points: Tensor, pc_range: Sequence[float], bev_shape: Sequence[int]) -> Tensor:
+    """Which BEV cells hold at least one LiDAR point.
+
+    Args:
+        points (Tensor): ``[P, >=3]`` one sample's points (LiDAR frame).
+        pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
+        bev_shape (Sequence[int]): ``(H, W)``: rows along y, columns along x
+            (the BEV memory's layout).
+
+    Returns:
+        Tensor: ``[H, W]`` bool.
+    """
+    low = host_to_device([float(v) for v in pc_range[:3]], points.device, torch.float32)
+    high = host_to_device([float(v) for v in pc_range[3:]], points.device, torch.float32)
+    xyz = points[:, :3].float()
+    xyz = xyz[((xyz >= low) & (xyz < high)).all(dim=1)]
+    _, cells = bev_cells(((xyz - low) / (high - low))[None], bev_shape)
+    height, width = (int(size) for size in bev_shape)
+    occupancy = torch.zeros(height * width, dtype=torch.bool, device=points.device)
+    occupancy[cells[0]] = True
+    return occupancy.view(height, width)
+
+
+def oracle_routing_weights(projection_info: Mapping[str, Tensor], occupancy: Tensor, live_views: Tensor,
+                           lidar_window: int) -> Sequence[Tensor]:
+    """The routing weights the input's truth gives each query (the oracle of the robustness study).
+
+    LiDAR: 1 where the query's LiDAR window (``lidar_window`` cells around its
+    BEV cell) holds a point; camera: 1 where its reference point projects into
+    a live view.
+
+    Args:
+        projection_info (Mapping[str, Tensor]): ``pts_bev [bs, Q, 2]``,
+            ``pts_pers_idx [bs, Q, 3]``, ``visible [bs, Q]`` (``project_reference_points``).
+        occupancy (Tensor): ``[bs, H, W]`` bool from :func:`lidar_occupancy`.
+        live_views (Tensor): ``[bs, N]`` bool from :func:`live_camera_views`.
+        lidar_window (int): odd window side in BEV cells.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``lidar [bs, Q]`` and ``camera [bs, Q]``, 0. or 1.
+    """
+    bs, height, width = occupancy.shape
+    index, valid = window_token_index(projection_info['pts_bev'], (height, width), lidar_window)
+    occupied = occupancy.flatten(1).gather(1, index.flatten(1)).view_as(index) & valid
+    view = projection_info['pts_pers_idx'][..., 0].clamp(min=0)
+    camera = projection_info['visible'] & live_views.gather(1, view)
+    return occupied.any(dim=-1).float(), camera.float()
