@@ -64,8 +64,9 @@ def task_labels(labels: Tensor, offset: int, num_task_classes: int) -> Tensor:
 
 def sample_objects(assigned: Tensor, object_index: Tensor) -> Tensor:
     """Map a task's matching ``[Q]`` (task-local box index, ``-1``: none) to the sample's box indices."""
-    return torch.where(assigned >= 0, object_index[assigned.clamp(min=0)] if object_index.numel() else assigned,
-                       assigned)
+    if object_index.numel() == 0:  # the task has no object in the sample: nothing is matched
+        return assigned
+    return torch.where(assigned >= 0, object_index[assigned.clamp(min=0)], assigned)
 
 
 class CmtHeadLossMixin:
