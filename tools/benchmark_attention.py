@@ -444,10 +444,10 @@ def crossover_table(rows: List[dict]) -> str:
     of ``auto``; a line marks where ``auto``'s pick changes."""
     backends = list(dict.fromkeys(name for r in rows for name in r['ratios']))
     device = rows[0]['device'] if rows else 'cpu'
-    if device.split(':')[0] in dispatch.SIZE_RULE_DEVICES:
-        limits = ', '.join(f'{kind} {pass_name} ≤ {limit:,}'
-                           for (kind, pass_name), limit in dispatch.DENSE_BIAS_MAX_ELEMENTS.items())
-        rule = f'`auto` on {device}: dense sdpa while bs·heads·Q·K is at most DENSE_BIAS_MAX_ELEMENTS ({limits})'
+    name, thresholds = dispatch.size_rule(device.split(':')[0])
+    if thresholds:
+        limits = ', '.join(f'{kind} {pass_name} ≤ {limit:,}' for (kind, pass_name), limit in thresholds.items())
+        rule = f'`auto` on {device}: dense sdpa while bs·heads·Q·K is at most {name} ({limits})'
     else:
         rule = f'`auto` on {device}: no size rule (segment first at every size)'
     lines = [rule, '', '| bias | pass | keys (layout) | Q | bs×heads×d | bs·heads·Q·K | '

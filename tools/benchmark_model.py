@@ -6,6 +6,8 @@ Examples::
     python tools/benchmark_model.py --threads 2 --out bench.json
     # R50 inference only, 3 pairs (a few minutes on two CPU cores)
     python tools/benchmark_model.py --shapes r50 --modes inference --pairs 3
+    # VoV training step with the image backbone frozen (the full step needs more than 24 GB of host memory)
+    python tools/benchmark_model.py --shapes vov --modes train --freeze img_backbone
     # any two configs; tiny shapes (seconds)
     python tools/benchmark_model.py --configs A.py B.py --tiny
 
@@ -20,7 +22,10 @@ Modes: ``inference`` is ``simple_test`` under ``torch.no_grad`` (eval mode);
 ``train`` is one training step: ``train_step`` (forward and losses, matching
 included), backward, the config's gradient clipping and optimizer step
 (mmcv ``build_optimizer``: AdamW with the config's per-module learning rates),
-in fp32. After ``--warmup`` runs of each, A and B run alternately (A B A B
+in fp32. ``--freeze MODULE ...`` stops those submodules' parameters from
+training in A and B (no gradients, no saved activations, no optimizer
+state): AQR adds nothing to e.g. the image backbone, so a ratio measured with
+it frozen bounds the full step's ratio from above. After ``--warmup`` runs of each, A and B run alternately (A B A B
 ...) ``--pairs`` times; the table gives each one's median time and the median
 of the paired ratios B/A with their min and max, so that a machine whose load
 changes affects both sides of each ratio alike. On the CPU, time is
@@ -100,6 +105,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--range', type=float, dest='half_range', metavar='METRES',
                         help="half side of the point cloud range, voxel size kept (default: the config's)")
     parser.add_argument('--queries', type=int, help="the head's queries (default: the config's)")
+    parser.add_argument('--freeze', nargs='+', default=[], metavar='MODULE',
+                        help='detector submodules (e.g. img_backbone) whose parameters do not train, in A and B: '
+                             'their backward is skipped, so a training step needs far less memory')
     parser.add_argument('--tiny', action='store_true',
                         help=f'small inputs and grids for a smoke run ({TINY}); explicit options win')
     parser.add_argument('--memory', choices=('auto', 'none'), default='auto',
@@ -131,11 +139,25 @@ def load_config(path: str, args: argparse.Namespace) -> Config:
     return shrink_config(cfg, args.half_range, args.image_size, args.queries)
 
 
+def freeze_modules(model: nn.Module, names: Sequence[str]) -> None:
+    """Stop the parameters of ``model``'s submodules ``names`` (e.g. ``img_backbone``) from requiring gradients."""
+    for name in names:
+        module = getattr(model, name, None)
+        if not isinstance(module, nn.Module):
+            children = ', '.join(child for child, _ in model.named_children())
+            raise ValueError(f'--freeze {name}: {type(model).__name__} has no submodule {name!r} '
+                             f'(it has: {children})')
+        module.requires_grad_(False)
+
+
 def build_pair(paths: Tuple[str, str], args: argparse.Namespace) -> Tuple[List[nn.Module], List[Config], int]:
-    """Models A and B (B with A's shared weights) on ``args.device``, their configs, and the shared tensor count."""
+    """Models A and B (B with A's shared weights, ``--freeze`` applied) on ``args.device``, their configs, and the
+    shared tensor count."""
     cfgs = [load_config(path, args) for path in paths]
     models = [build_detector(cfg, args.seed) for cfg in cfgs]
     shared = share_weights(models[0], models[1])
+    for model in models:
+        freeze_modules(model, args.freeze)
     return [model.to(args.device) for model in models], cfgs, len(shared)
 
 
@@ -241,14 +263,15 @@ def benchmark_shape(shape: str, paths: Tuple[str, str], args: argparse.Namespace
     timers = [PartTimer(torch.device(args.device)) for _ in models]
     part_rows = [instrument(model, timer) for model, timer in zip(models, timers)]
     points = [len(p) for p in batch['points']]
-    print(f'\n{shape}: A = {paths[0]}, B = {paths[1]}; B got {num_shared} of A\'s tensors; inputs: '
+    frozen = f'; frozen (no training): {", ".join(args.freeze)}' if args.freeze else ''
+    print(f'\n{shape}: A = {paths[0]}, B = {paths[1]}; B got {num_shared} of A\'s tensors{frozen}; inputs: '
           f'{args.batch_size} x ({points[0]} points, {args.boxes} boxes, 6 cameras '
           f'{"x".join(map(str, batch["img"].shape[-2:]))}); {cfgs[0].model.pts_bbox_head.num_query} queries',
           flush=True)
     results = []
     for mode in args.modes:
         runs = [make_run(model, cfg, mode, batch, timer) for model, cfg, timer in zip(models, cfgs, timers)]
-        result = dict(shape=shape, mode=mode, configs=list(paths), shared_tensors=num_shared,
+        result = dict(shape=shape, mode=mode, configs=list(paths), shared_tensors=num_shared, frozen=list(args.freeze),
                       points_per_sample=points, **paired_runs(runs, timers, args))
         extra = list(TRAIN_ROWS) if mode == 'train' else []
         rows = merge_rows(part_rows[0] + extra, part_rows[1] + extra)
@@ -307,7 +330,8 @@ def markdown_tables(results: List[dict]) -> str:
              '|---|---|---:|---:|---|---:|---:|']
     for r in results:
         ratio = r['ratio']
-        lines.append(f'| {r["shape"]} | {r["mode"]} | {_ms(r["median_ms"]["A"])} | {_ms(r["median_ms"]["B"])} | '
+        mode = f'{r["mode"]} ({", ".join(r["frozen"])} frozen)' if r['frozen'] and r['mode'] == 'train' else r['mode']
+        lines.append(f'| {r["shape"]} | {mode} | {_ms(r["median_ms"]["A"])} | {_ms(r["median_ms"]["B"])} | '
                      f'{ratio["median"]:.3f} [{ratio["min"]:.3f}, {ratio["max"]:.3f}] | '
                      f'{_mib(r["peak_mib"]["A"])} | {_mib(r["peak_mib"]["B"])} |')
     for r in results:

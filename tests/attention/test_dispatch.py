@@ -123,3 +123,17 @@ def test_autocast_does_not_lower_the_precision_of_fp32_inputs(cases, backend):
         autocast = apply_attention(q, k, v, bias, backend=backend)
     assert autocast.dtype == torch.float32
     assert cases.relative_error(autocast, plain) <= 1e-6
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_sdpa_refuses_the_gradient_of_a_segment_bias_in_low_precision(cases, dtype, above_the_size_threshold):
+    """Summed from a half-precision dense mask gradient, a segment's gradient cancels to noise (H200: 0.3-0.5)."""
+    q, k, v = cases.make_qkv(dtype=dtype)
+    bias = cases.make_bias('segment')[0]
+    with pytest.raises(UnsupportedAttentionError, match=f'SegmentBias summed from a dense {dtype} mask'):
+        apply_attention(q, k, v, bias, backend='sdpa')
+    assert select_backend(q, bias, k=k, v=v)[0] == 'segment'
+    with torch.no_grad():
+        assert apply_attention(q, k, v, bias, backend='sdpa').dtype == dtype
+    apply_attention(q, k, v, cases.make_bias('segment', requires_grad=False)[0], backend='sdpa')
+    apply_attention(*cases.make_qkv(), bias, backend='sdpa')  # float32

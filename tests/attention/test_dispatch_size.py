@@ -188,11 +188,17 @@ def test_the_log_says_once_per_kind_of_call_whatever_its_size(cases, caplog, mon
     assert "backend 'segment'" in lines[1] and 'bs*heads*Q*K = 3570 >' in lines[1]
 
 
-@pytest.mark.parametrize('bias_name', ['global', 'local'])
-def test_cuda_keeps_segment_first_at_any_size(bias_name):
-    """The thresholds are measured on the CPU only: on (fake) CUDA a tiny call still takes segment."""
-    assert dispatch.SIZE_RULE_DEVICES == ('cpu', )
+def test_cuda_size_rule_covers_the_window_bias_only(monkeypatch):
+    """On (fake) CUDA a small local bias runs dense sdpa (CUDA_DENSE_BIAS_MAX_ELEMENTS, measured on an H200), a
+    larger one segment; the global bias takes segment at every size."""
+    assert dispatch.SIZE_RULE_DEVICES == ('cpu', 'cuda')
     with FakeTensorMode(allow_non_fake_inputs=True):
-        qkv, bias, _ = _problem(bias_name, 64, device='cuda', num_queries=4)
+        qkv, bias, _ = _problem('global', 64, device='cuda', num_queries=4)
         name, reason = select_backend(qkv[0], bias, k=qkv[1], v=qkv[2])
-    assert name == 'segment' and 'no size rule on cuda' in reason
+        assert name == 'segment' and "no size rule on cuda for ['segment', 'fwdbwd']" in reason
+        qkv, bias, _ = _problem('local', 64, device='cuda', num_queries=4)
+        name, reason = select_backend(qkv[0], bias, k=qkv[1], v=qkv[2])
+        assert name == 'sdpa' and "<= CUDA_DENSE_BIAS_MAX_ELEMENTS['window', 'fwdbwd']" in reason, reason
+        monkeypatch.setitem(dispatch.CUDA_DENSE_BIAS_MAX_ELEMENTS, ('window', 'fwdbwd'), 0)
+        name, reason = select_backend(qkv[0], bias, k=qkv[1], v=qkv[2])
+        assert name == 'segment' and "> CUDA_DENSE_BIAS_MAX_ELEMENTS['window', 'fwdbwd'] = 0 on cuda" in reason

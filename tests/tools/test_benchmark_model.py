@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.apis.model_benchmark import build_detector, share_weights, shrink_config
+from projects.mmdet3d_plugin.apis.model_benchmark import PartTimer, build_detector, share_weights, shrink_config
 from tools import benchmark_model
 
 DEMO_PAIR = ('configs/demo/cmt_synthetic_tiny.py', 'configs/demo/cmt_aqr_synthetic_tiny.py')
@@ -114,3 +114,22 @@ def test_tiny_shrinks_the_grids_and_refuses_a_partial_block():
         shrink_config(cfg, half_range=10.0)  # 200 voxels of 0.1 m
     with pytest.raises(ValueError, match='multiples of 32'):
         shrink_config(cfg, image_size=(64, 150))
+
+
+def test_freeze_keeps_a_module_out_of_the_training_step():
+    args = benchmark_model.parse_args(['--configs', *DEMO_PAIR, '--tiny', '--freeze', 'img_backbone'])
+    models, cfgs, _ = benchmark_model.build_pair(DEMO_PAIR, args)
+    batch = benchmark_model.make_batch(cfgs[0], args)
+    for model, cfg in zip(models, cfgs):
+        before = {name: value.detach().clone() for name, value in model.named_parameters()}
+        benchmark_model.make_run(model, cfg, 'train', batch, PartTimer(torch.device('cpu')))()
+        for name, value in model.img_backbone.named_parameters(prefix='img_backbone'):
+            assert not value.requires_grad and value.grad is None and torch.equal(value, before[name]), name
+        assert any(not torch.equal(value, before[name]) for name, value in model.img_neck.named_parameters(
+            prefix='img_neck'))
+
+
+def test_freeze_refuses_an_unknown_module():
+    args = benchmark_model.parse_args(['--configs', *DEMO_PAIR, '--tiny', '--freeze', 'image_backbone'])
+    with pytest.raises(ValueError, match=r"no submodule 'image_backbone' \(it has: .*img_backbone"):
+        benchmark_model.build_pair(DEMO_PAIR, args)

@@ -16,9 +16,10 @@ Preference (fastest exact first):
   there; measured, see the constant);
 * structured bias on CPU, larger calls: ``segment`` (segment and window
   biases), then ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
-* structured bias on CUDA: ``segment``, ``flashbias``, ``sdpa`` at every size
-  (the size rule is measured on the CPU only; a GPU has other fixed costs, so
-  it is not assumed to carry over).
+* structured bias on CUDA: a local (window) bias through dense ``sdpa`` while
+  ``bs * heads * Q * K`` is at most :data:`CUDA_DENSE_BIAS_MAX_ELEMENTS`
+  (measured on an H200), else ``segment``, ``flashbias``, ``sdpa``; the
+  global bias alone takes ``segment`` at every size (no crossover measured).
 
 Every list holds only exact backends, so choosing by size never drops a bias
 or runs an inexact path; :func:`select_backend` says which backend ``auto``
@@ -49,9 +50,9 @@ _LOGGED = set()
 
 #: structured bias, calls above the size threshold (and every call off SIZE_RULE_DEVICES): fastest exact first
 LARGE_ORDER = ('segment', 'flashbias', 'sdpa', 'math')
-#: structured bias, calls at most the size threshold on SIZE_RULE_DEVICES: the bias densified, exact for every
-#: bias, mask and dropout
-SMALL_ORDER = ('sdpa', 'math')
+#: structured bias, calls at most the size threshold: the bias densified (exact for every bias, mask and dropout,
+#: except a differentiable segment bias in half precision, which sdpa refuses), then the large order
+SMALL_ORDER = ('sdpa', ) + LARGE_ORDER
 #: the size rule: ``auto`` runs a structured bias through dense ``sdpa`` while the score matrix,
 #: ``bs * heads * Q * K`` elements, is at most this, per (bias kind, pass): ``'window'`` where the bias has a
 #: :class:`WindowBias` part (the local AQR bias), else ``'segment'`` (the global one); ``'fwdbwd'`` where autograd
@@ -70,9 +71,29 @@ DENSE_BIAS_MAX_ELEMENTS = {
     ('window', 'fwd'): 2**22,  # 4 194 304
     ('window', 'fwdbwd'): 2**20,  # 1 048 576
 }
-#: device types the size rule was measured on and applies to; on CUDA (no GPU to measure it on) ``auto`` keeps
-#: ``segment`` first at every size
-SIZE_RULE_DEVICES = ('cpu', )
+#: the size rule on CUDA, the local (window) bias only: measured on an NVIDIA H200 (torch 2.11, ``tools/
+#: benchmark_attention.py --crossover --device cuda``, table in docs/gpu.md). Dense sdpa's cost grows with
+#: ``Q * K`` while ``segment`` pays a fixed cost per call and its window correction: fwd+bwd, 900 queries, sdpa
+#: 7.7x bias-free SDPA where segment is 26x (R50 keys, batch 1, float16: 1.6e8 elements), 1.19x vs 2.17x (R50,
+#: batch 2, float32: 3.2e8), but 16.4x vs 11.8x at VoV's 56 400 keys (batch 1, float16: 4.1e8); at the demo's
+#: sizes sdpa costs half of segment (5-10x vs 11-25x). The threshold lies between the last two: 3 * 2**27.
+#: The global bias has no rule on CUDA (segment first): sdpa cannot differentiate it in half precision, and in
+#: float32 the faster of segment and sdpa changes with K rather than with the product.
+CUDA_DENSE_BIAS_MAX_ELEMENTS = {
+    ('window', 'fwd'): 3 * 2**27,  # 402 653 184
+    ('window', 'fwdbwd'): 3 * 2**27,
+}
+#: device types with a size rule (:func:`size_rule`); elsewhere ``auto`` keeps ``segment`` first at every size
+SIZE_RULE_DEVICES = ('cpu', 'cuda')
+
+
+def size_rule(device_type: str) -> Tuple[str, dict]:
+    """The name and thresholds of the size rule on ``device_type`` (empty where there is none)."""
+    if device_type == 'cpu':
+        return 'DENSE_BIAS_MAX_ELEMENTS', DENSE_BIAS_MAX_ELEMENTS
+    if device_type == 'cuda':
+        return 'CUDA_DENSE_BIAS_MAX_ELEMENTS', CUDA_DENSE_BIAS_MAX_ELEMENTS
+    return '', {}
 
 
 def dense_elements(call: AttentionCall) -> int:
@@ -97,12 +118,13 @@ def _auto_order(call: AttentionCall) -> Tuple[Tuple[str, ...], str]:
     if not structured:
         return (('flash_attn', 'sdpa', 'math') if call.device_type == 'cuda' else ('sdpa', 'math')), \
             'no structured bias'
-    if call.device_type not in SIZE_RULE_DEVICES:
-        return LARGE_ORDER, (f'no size rule on {call.device_type} (DENSE_BIAS_MAX_ELEMENTS is measured on '
-                             f'{"/".join(SIZE_RULE_DEVICES)} only)')
+    rule, thresholds = size_rule(call.device_type)
     key = size_rule_key(call)
-    threshold, elements = DENSE_BIAS_MAX_ELEMENTS[key], dense_elements(call)
-    size = f'bs*heads*Q*K = {elements} {"<=" if elements <= threshold else ">"} DENSE_BIAS_MAX_ELEMENTS{list(key)} = ' \
+    if key not in thresholds:
+        return LARGE_ORDER, (f'no size rule on {call.device_type} for {list(key)} (measured: '
+                             f'{", ".join(f"{device} {list(size_rule(device)[1])}" for device in SIZE_RULE_DEVICES)})')
+    threshold, elements = thresholds[key], dense_elements(call)
+    size = f'bs*heads*Q*K = {elements} {"<=" if elements <= threshold else ">"} {rule}{list(key)} = ' \
         f'{threshold} on {call.device_type}'
     if elements <= threshold:
         return SMALL_ORDER, size + ": dense sdpa costs less than segment's fixed cost per call"

@@ -5,14 +5,27 @@ tensor in q's dtype): exact, but memory and time grow with ``Q * K``. Pure
 masks (bool biases, key padding) stay bool and broadcast, so a key padding
 mask alone costs ``O(bs * K)``. Rows whose keys are all blocked are unblocked
 for the kernel and zeroed afterwards, so no kernel ever sees an empty row
-(some return NaN for it). Runs every call, including dropout.
+(some return NaN for it). Runs every call, including dropout, except one: a
+:class:`~..bias.SegmentBias` whose values need a gradient, in float16 or
+bfloat16. That gradient is the sum, over the segment's keys, of the dense
+mask's gradient, which SDPA returns rounded to q's dtype; the sum cancels
+(each row of a softmax gradient sums to 0, so one segment's gradient is minus
+the other's) and the rounding errors of thousands of keys remain: measured on
+an H200, 4e-2 (float16) and 0.3 to 0.5 (bfloat16) relative error against
+float64 at the R50 and VoV key counts (``tools/check_gpu.py``). ``segment``
+and ``flashbias`` differentiate it exactly; ``auto`` takes them.
 """
 from typing import List
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..bias import SegmentBias
 from .base import AttentionBackend, AttentionCall, dense_additive_bias, dense_blocking_mask
+
+#: dtypes in which a dense mask's gradient is too coarse to sum into a segment bias's gradient
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class SdpaBackend(AttentionBackend):
@@ -21,6 +34,10 @@ class SdpaBackend(AttentionBackend):
     name = 'sdpa'
 
     def not_supported_reasons(self, call: AttentionCall) -> List[str]:
+        if call.q.dtype in LOW_PRECISION and torch.is_grad_enabled() and call.bias is not None and any(
+                isinstance(part, SegmentBias) and part.values.requires_grad for part in call.bias.parts):
+            return [f'the gradient of a SegmentBias summed from a dense {call.q.dtype} mask gradient is inexact '
+                    '(use segment or flashbias)']
         return []
 
     def forward(self, call: AttentionCall) -> Tensor:
