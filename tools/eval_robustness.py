@@ -19,7 +19,11 @@ oracle`` evaluates a CMT-AQR model twice per corruption: with its router's
 weights and with the input's truth (LiDAR weight 1 where a query's BEV window
 holds points, camera weight 1 where a live camera sees it): the headroom
 routing could add. The table then has a ``routing`` column and each routing's
-deltas are against its own clean run.
+deltas are against its own clean run. ``--object-metrics`` adds, per
+corruption, the recall at 2 m of the objects it affected, the false positives
+per sample and the router's accuracy against the per-query routing targets
+(``projects/mmdet3d_plugin/apis/study_metrics.py``; detections counted from
+``--score-thr``), against the clean run, which then runs first.
 """
 import argparse
 import json
@@ -28,6 +32,7 @@ import os
 import os.path as osp
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -42,11 +47,14 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from projects.mmdet3d_plugin.apis.sample_recorder import record_samples  # noqa: E402
 from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of  # noqa: E402
 from projects.mmdet3d_plugin.apis.testing import (apply_corruption, build_test_loader,  # noqa: E402
                                                   build_test_model, corruption_spec, evaluate_results,
                                                   load_test_config, nuscenes_scores, prepare_test_config,
                                                   set_test_routing)
+from projects.mmdet3d_plugin.apis.study_metrics import (MIN_LIDAR_POINTS, SCORE_THRESHOLD,  # noqa: E402
+                                                        object_metrics)
 from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import TEST_ROUTINGS  # noqa: E402
 from projects.mmdet3d_plugin.mmcv_custom.launch import default_device  # noqa: E402
 from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E402
@@ -56,6 +64,9 @@ CLEAN = 'clean'
 DEFAULT_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:120', 'beams:16', 'points:0.1',
                        'object_drop:0.5', 'camera_fail:0.4', 'extrinsic:2', 'mixed:120')
 SCORES = ('mAP', 'NDS')
+#: ``--object-metrics`` columns of the Markdown table: title -> ``ObjectMetrics`` field.
+OBJECT_COLUMNS = {'affected recall': 'affected_recall', 'FP / sample': 'false_positives_per_sample',
+                  'router accuracy': 'router_accuracy'}
 #: Longest error message shown in the Markdown table (the JSON has it all).
 TABLE_ERROR_CHARS = 160
 
@@ -74,6 +85,9 @@ class CorruptionResult:
         error (str, optional): ``'ErrorType: message'`` of a failed run.
         seconds (float): wall time of inference and evaluation.
         routing (str): the AQR routing at test time (``learned`` or ``oracle``).
+        objects (dict, optional): ``--object-metrics``: the fields of
+            ``study_metrics.ObjectMetrics`` (affected-object recall, false
+            positives per sample, router accuracy, their counts).
     """
 
     corruption: str
@@ -85,6 +99,7 @@ class CorruptionResult:
     error: Optional[str] = None
     seconds: float = 0.0
     routing: str = 'learned'
+    objects: Optional[dict] = None
 
 
 def robustness_spec(text: str) -> str:
@@ -106,6 +121,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--corruption-seed', type=int, default=0,
                         help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
+    parser.add_argument('--object-metrics', action='store_true', help='also the recall at 2 m of the objects each '
+                        'corruption affected, false positives per sample and the router\'s accuracy (needs clean)')
+    parser.add_argument('--score-thr', type=float, default=SCORE_THRESHOLD,
+                        help=f'--object-metrics: lowest score a detection counts with (default {SCORE_THRESHOLD})')
+    parser.add_argument('--min-lidar-points', type=int, default=MIN_LIDAR_POINTS, help='--object-metrics: points '
+                        f'a box must hold for LiDAR to see its object (default {MIN_LIDAR_POINTS})')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
     args = parser.parse_args(argv)
     if args.samples is not None and args.samples < 1:
@@ -113,6 +134,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     duplicates = sorted({spec for spec in args.corruptions if args.corruptions.count(spec) > 1})
     if duplicates:
         parser.error(f'--corruptions lists {duplicates} more than once')
+    if args.object_metrics and CLEAN not in args.corruptions:
+        parser.error(f'--object-metrics compares every corruption with the clean inputs: add {CLEAN} to --corruptions')
     return args
 
 
@@ -191,12 +214,18 @@ def markdown_table(results: Sequence[CorruptionResult]) -> str:
     A ``routing`` column follows the corruption when the results hold more than the learned routing.
     """
     with_routing = any(result.routing != 'learned' for result in results)
-    lines = ['| corruption | routing | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---|---:|---:|---:|---:|---|'] \
-        if with_routing else ['| corruption | mAP | NDS | ΔmAP | ΔNDS | status |', '|---|---:|---:|---:|---:|---|']
+    with_objects = any(result.objects is not None for result in results)
+    titles = ['corruption'] + ['routing'] * with_routing + ['mAP', 'NDS', 'ΔmAP', 'ΔNDS'] \
+        + list(OBJECT_COLUMNS) * with_objects + ['status']
+    lines = ['| ' + ' | '.join(titles) + ' |',
+             '|---|' + '---|' * with_routing + '---:|' * (len(titles) - 2 - with_routing) + '---|']
     for result in results:
         routing = f' {result.routing} |' if with_routing else ''
+        objects = ''.join(f' {_number((result.objects or {}).get(key))} |'
+                          for key in OBJECT_COLUMNS.values()) if with_objects else ''
         lines.append(f'| {result.corruption} |{routing} {_number(result.mAP)} | {_number(result.NDS)} | '
-                     f'{_number(result.delta_mAP, True)} | {_number(result.delta_NDS, True)} | {_status(result)} |')
+                     f'{_number(result.delta_mAP, True)} | {_number(result.delta_NDS, True)} |{objects} '
+                     f'{_status(result)} |')
     return '\n'.join(lines)
 
 
@@ -225,20 +254,31 @@ def main(argv: Optional[List[str]] = None) -> List[CorruptionResult]:
     num_samples = min(args.samples or len(dataset), len(dataset))
     device = default_device()
     model = wrap_model(build_test_model(cfg, args.checkpoint, dataset.CLASSES, logger=logger), device, False)
-    runs = [(routing, corruption) for corruption in args.corruptions for routing in args.routing]
+    # the object metrics compare each corruption with the clean run: that runs first
+    corruptions = sorted(args.corruptions, key=lambda spec: spec != CLEAN) if args.object_metrics else args.corruptions
+    runs = [(routing, corruption) for corruption in corruptions for routing in args.routing]
     for routing in args.routing:
         set_test_routing(model, routing)  # fails early for a model without AQR
     logger.info(f'Robustness of {args.checkpoint} ({args.config}) on {device}: {len(runs)} runs of '
                 f'{num_samples} of {len(dataset)} test samples: {", ".join(args.corruptions)}; routing '
                 f'{", ".join(args.routing)}')
-    results = []
+    results, clean_observations = [], None
     for index, (routing, corruption) in enumerate(runs, 1):
         name = corruption if args.routing == ['learned'] else f'{corruption} ({routing} routing)'
         logger.info(f'[{index}/{len(runs)}] {name}')
         set_test_routing(model, routing)
-        result = evaluate_corruption(model, cfg, corruption, logger, args.samples, args.corruption_seed,
-                                     samples_per_gpu)
+        with record_samples(model, dataset) if args.object_metrics else nullcontext() as observations:
+            result = evaluate_corruption(model, cfg, corruption, logger, args.samples, args.corruption_seed,
+                                         samples_per_gpu)
         result.routing = routing
+        if args.object_metrics and result.status == 'ok':
+            if corruption == CLEAN and clean_observations is None:
+                clean_observations = observations
+            if clean_observations is None:
+                logger.warning(f'{name}: no object metrics, the clean run failed')
+            else:
+                result.objects = asdict(object_metrics(clean_observations, observations, args.score_thr,
+                                                       min_lidar_points=args.min_lidar_points))
         logger.info(f'[{index}/{len(runs)}] {name}: '
                     + (f'mAP {result.mAP:.4f}, NDS {result.NDS:.4f}' if result.status == 'ok' else result.error)
                     + f' ({result.seconds:.0f} s)')
@@ -246,6 +286,8 @@ def main(argv: Optional[List[str]] = None) -> List[CorruptionResult]:
     add_deltas(results)
     header = dict(config=args.config, checkpoint=args.checkpoint, samples=num_samples,
                   corruption_seed=args.corruption_seed, routing=args.routing)
+    if args.object_metrics:
+        header.update(score_threshold=args.score_thr, min_lidar_points=args.min_lidar_points)
     paths = write_report(results, out_dir, header)
     print(markdown_table(results))
     logger.info(f'wrote {" and ".join(paths)}')

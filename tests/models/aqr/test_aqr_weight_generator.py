@@ -1,4 +1,4 @@
-"""AQRWeightGenerator end to end on a tiny rig: shapes, ranges, invisible queries, gradients, aux loss."""
+"""AQRWeightGenerator end to end on a tiny rig: shapes, ranges, invisible queries, gradients, aux loss, granularity."""
 import numpy as np
 import pytest
 import torch
@@ -122,3 +122,59 @@ def test_routing_loss_targets_dropped_modalities_only():
                                                                           camera_dropped))
     assert AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64).loss(
         weights_high, weights_low, metas) == {}
+
+
+def _generator(**options):
+    torch.manual_seed(0)
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   **options).eval()
+    with torch.no_grad():  # spread the logits so that queries and samples clearly differ
+        torch.nn.init.normal_(generator.weight_head.weight, std=0.5)
+    return generator
+
+
+def _per_sample(routing, state_dict):
+    generator = _generator(granularity='sample', **routing)
+    generator.load_state_dict(state_dict)
+    return generator
+
+
+@pytest.mark.parametrize('activation', ['sigmoid', 'softmax'])
+def test_sample_granularity_gives_every_query_of_a_sample_the_same_weights(rig, activation):
+    per_query = _generator(weight_activation=activation)
+    per_sample = _per_sample(dict(weight_activation=activation), per_query.state_dict())
+    torch.manual_seed(1)
+    inputs = _inputs(rig, bs=2, num_queries=5)
+    lidar_q, camera_q, _ = per_query(**inputs)
+    lidar, camera, info = per_sample(**inputs)
+    assert lidar.shape == camera.shape == (2, 5) and info['pts_bev'].shape == (2, 5, 2)
+    for weights, per_query_weights in ((lidar, lidar_q), (camera, camera_q)):
+        assert torch.equal(weights, weights[:, :1].expand_as(weights)), 'one weight per sample'
+        assert (per_query_weights.max(dim=1).values - per_query_weights.min(dim=1).values > 1e-3).all()
+        assert (weights[0, 0] - weights[1, 0]).abs() > 1e-4, 'the samples differ'
+
+
+def test_sample_weight_is_the_activation_of_the_mean_query_logit(rig):
+    per_query = _generator()
+    per_sample = _per_sample({}, per_query.state_dict())
+    inputs = _inputs(rig, bs=2, num_queries=5)
+    lidar_q, camera_q, _ = per_query(**inputs)
+    lidar, camera, _ = per_sample(**inputs)
+    for weights, per_query_weights in ((lidar, lidar_q), (camera, camera_q)):
+        expected = per_query_weights.double().logit().mean(dim=1).sigmoid()
+        assert torch.allclose(weights[:, 0].double(), expected, atol=1e-5)
+
+
+def test_query_granularity_is_the_default_and_unchanged(rig):
+    default, explicit = _generator(), _generator(granularity='query')
+    assert list(default.state_dict()) == list(explicit.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(default.state_dict().values(), explicit.state_dict().values()))
+    inputs = _inputs(rig)
+    for a, b in zip(default(**inputs)[:2], explicit(**inputs)[:2]):
+        assert torch.equal(a, b)
+    assert list(_generator(granularity='sample').state_dict()) == list(default.state_dict())
+
+
+def test_unknown_granularity_raises():
+    with pytest.raises(ValueError, match=r"granularity must be one of \('query', 'sample'\), got 'batch'"):
+        AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64, granularity='batch')

@@ -15,6 +15,8 @@ from .routing_layer_config import resolve_layer_sizes
 from .routing_targets import camera_visible_objects, matched_object_targets, query_target_loss
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
+#: ``'query'``: every query its own weights (AQR); ``'sample'``: one pair per sample for all its queries (a global gate).
+GRANULARITIES = ('query', 'sample')
 
 
 def flatten_memory(bev_feat: Tensor, img_feat: Tensor) -> Tuple[Tensor, Tuple[int, int], Tuple[int, int, int]]:
@@ -142,6 +144,12 @@ class AQRWeightGenerator(BaseModule):
             detection loss still trains the router's parameters). Default: 0.
         min_lidar_points (int): points an object's box must hold for its
             LiDAR target to be 1. Default: 5.
+        granularity (str): ``'query'``: every query gets its own weights;
+            ``'sample'``: a global gate, one LiDAR and one camera weight per
+            sample: the weight head's logits are averaged over the sample's
+            queries before the activation and the result is given to every
+            query (the outputs keep their ``[bs, Q]`` shape), as MoME's
+            per-sample routing. Default: ``'query'``.
         init_weight (float | Sequence[float], optional): value both weights
             start at, or a ``(lidar, camera)`` pair, each in ``(0, 1)``; with
             ``'softmax'`` the pair must sum to more than 1 (the routes start at
@@ -161,6 +169,7 @@ class AQRWeightGenerator(BaseModule):
                  aux_loss_weight: float = 0.0,
                  query_loss_weight: float = 0.0,
                  min_lidar_points: int = 5,
+                 granularity: str = 'query',
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
                  encoder_config: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -173,10 +182,13 @@ class AQRWeightGenerator(BaseModule):
             raise ValueError(f'window_sizes must be [camera, lidar], got {window_sizes!r}')
         if weight_activation not in WEIGHT_ACTIVATIONS:
             raise ValueError(f'weight_activation must be one of {WEIGHT_ACTIVATIONS}, got {weight_activation!r}')
+        if granularity not in GRANULARITIES:
+            raise ValueError(f'granularity must be one of {GRANULARITIES}, got {granularity!r}')
         self.embed_dims = embed_dims
         self.camera_window = check_window_size(window_sizes[0], 'window_sizes[0] (camera)')
         self.lidar_window = check_window_size(window_sizes[1], 'window_sizes[1] (lidar)')
         self.weight_activation = weight_activation
+        self.granularity = granularity
         if aux_loss_weight < 0:
             raise ValueError(f'aux_loss_weight must be >= 0, got {aux_loss_weight}')
         self.aux_loss_weight = float(aux_loss_weight)
@@ -246,7 +258,8 @@ class AQRWeightGenerator(BaseModule):
 
         Returns:
             tuple: ``lidar_weights [bs, Q]``, ``camera_weights [bs, Q]`` (in
-            ``[0, 1]``) and ``projection_info`` (``pts_bev [bs, Q, 2]``,
+            ``[0, 1]``; the same for every query of a sample with
+            ``granularity='sample'``) and ``projection_info`` (``pts_bev [bs, Q, 2]``,
             ``pts_idx [bs, Q]``, ``pts_pers_idx [bs, Q, 3]``, ``visible [bs, Q]``).
         """
         if query_embed.dim() != 3 or query_embed.shape[-1] != self.embed_dims:
@@ -275,7 +288,9 @@ class AQRWeightGenerator(BaseModule):
         attn = self.attention(query_embed, memory + pos.to(memory.dtype), memory, index, valid)
         x = self.norms[0](query_embed + self.attn_dropout(attn))
         x = self.norms[1](self.ffn(x))
-        logits = self.weight_head(x)
+        logits = self.weight_head(x)  # [bs, Q, 2 or 3]
+        if self.granularity == 'sample':
+            logits = logits.mean(dim=1, keepdim=True).expand_as(logits)
         if self.weight_activation == 'sigmoid':
             weights = logits.sigmoid()
             return weights[..., 0], weights[..., 1], projection_info

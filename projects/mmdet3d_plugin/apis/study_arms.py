@@ -1,0 +1,172 @@
+"""The arms of the robustness study (``tools/robustness_study.py``): what each model is and how it is made.
+
+In table order::
+
+    stage1       the baseline: CMT with AQR's window bias held fixed, trained from scratch with ModalMask3D
+    control      stage 1 trained further, every parameter it trains, as many iterations as a stage-2 arm
+    global_gate  stage 2, router only: one LiDAR / camera weight per sample, MoME's per-sample label
+    aqr          stage 2, router only: CMT-AQR per query, trained through the detection loss
+    aqr_targets  stage 2, router only: CMT-AQR per query with per-query routing targets and train-time corruptions
+    oracle       the stage-1 checkpoint, each query's weights replaced at test time by the input's truth
+
+:func:`arm_config` turns an arm into the mmcv ``Config`` its training runs.
+"""
+import os.path as osp
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from mmcv import Config
+
+from ..datasets.corruption_config import SWEEP_LOADER, sweep_time_column
+from ..datasets.data_root_config import retarget_data_root
+from ..datasets.pipelines.corruption import parse_corruption
+
+#: How an arm gets its checkpoint: trained from scratch, trained from the stage-1 checkpoint, or none of its own
+#: (it evaluates the stage-1 checkpoint).
+TRAININGS = ('stage1', 'stage2', 'none')
+STAGE1_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py'
+#: The train-time corruptions of ``aqr_targets`` (``RandomSensorCorruption``): per-query variation for its targets.
+TARGET_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.2), dict(spec='camera_fail:0.4', prob=0.2),
+                      dict(spec='mixed:120', prob=0.2))
+
+
+@dataclass(frozen=True)
+class StudyArm:
+    """One model of the study.
+
+    Attributes:
+        name (str): key in tables, JSON and work dirs.
+        label (str): column title.
+        description (str): what it is, for the report.
+        config (str): the config it trains (``training='none'``: the stage-1 config it is evaluated with).
+        training (str): one of :data:`TRAININGS`.
+        trains (str): which parameters train, ``'all'`` (everything the config trains) or ``'router'`` (the
+            AQR modules only); sets the time estimate.
+        test_routing (str): AQR's routing at test time, ``'learned'`` or ``'oracle'``.
+        train_corruptions (tuple[dict]): ``RandomSensorCorruption`` items added to the training pipeline.
+    """
+
+    name: str
+    label: str
+    description: str
+    config: str
+    training: str
+    trains: str = 'all'
+    test_routing: str = 'learned'
+    train_corruptions: Tuple[dict, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.training not in TRAININGS:
+            raise ValueError(f'arm {self.name}: training must be one of {TRAININGS}, got {self.training!r}')
+        if self.trains not in ('all', 'router'):
+            raise ValueError(f"arm {self.name}: trains must be 'all' or 'router', got {self.trains!r}")
+
+    @property
+    def is_trained(self) -> bool:
+        """Whether the arm trains a checkpoint of its own."""
+        return self.training != 'none'
+
+
+STUDY_ARMS: Tuple[StudyArm, ...] = (
+    StudyArm('stage1', 'stage 1', 'CMT with AQR\'s window bias held fixed: router and alpha frozen at their '
+             'initialisation, every query trusts LiDAR and camera equally (weights 0.9 ± 0.01, a +4 window bias), '
+             'everything else trains', STAGE1_CONFIG, 'stage1'),
+    StudyArm('control', 'control', 'the stage-1 config trained further for the stage-2 iterations (every '
+             'parameter it trains, no routing), so that extra training is not mistaken for routing', STAGE1_CONFIG,
+             'stage2'),
+    StudyArm('global_gate', 'global gate', 'router only, one LiDAR and one camera weight per sample (the router\'s '
+             'logits averaged over the queries) with MoME\'s per-sample label (the modality ModalMask3D dropped, '
+             'aux_loss_weight=1) next to the detection loss',
+             'configs/demo/cmt_aqr_synthetic_tiny_stage2_global_gate.py', 'stage2', trains='router'),
+    StudyArm('aqr', 'CMT-AQR', 'router only, per query, trained through the detection loss only (MoME\'s stage-2 '
+             'recipe)', 'configs/demo/cmt_aqr_synthetic_tiny_stage2.py', 'stage2', trains='router'),
+    StudyArm('aqr_targets', 'CMT-AQR + targets', 'router only, per query, with per-query routing targets '
+             '(query_loss_weight=1: LiDAR = the matched object\'s box keeps >= 5 points, camera = its centre is in a '
+             'live view) and train-time corruptions (object_drop:0.5, camera_fail:0.4, mixed:120, each with '
+             'probability 0.2)', 'configs/demo/cmt_aqr_synthetic_tiny_stage2_query_targets.py', 'stage2',
+             trains='router', train_corruptions=TARGET_CORRUPTIONS),
+    StudyArm('oracle', 'oracle', 'the stage-1 checkpoint with each query\'s weights replaced at test time by the '
+             'corrupted input\'s truth (LiDAR 1 where its BEV window holds points, camera 1 where a live view sees '
+             'it): the headroom of routing', STAGE1_CONFIG, 'none', test_routing='oracle'),
+)
+#: The arm every paired difference is taken against.
+REFERENCE_ARM = 'control'
+
+
+def study_arm(name: str) -> StudyArm:
+    """The arm called ``name``; ``ValueError`` naming the arms otherwise."""
+    for arm in STUDY_ARMS:
+        if arm.name == name:
+            return arm
+    raise ValueError(f'no study arm {name!r}; the arms are {[arm.name for arm in STUDY_ARMS]}')
+
+
+def set_modality_drop(cfg: Config, image_drop: float, lidar_drop: float) -> None:
+    """Set the drop probabilities of the ``ModalMask3D`` step of ``cfg``'s training pipeline (in place).
+
+    Raises:
+        ValueError: the training pipeline has no ``ModalMask3D`` step.
+    """
+    steps = [step for step in _train_pipeline(cfg) if step['type'] == 'ModalMask3D']
+    if not steps:
+        raise ValueError('the training pipeline has no ModalMask3D step: the study trains with modality drop')
+    for step in steps:
+        step.update(image_drop_prob=image_drop, points_drop_prob=lidar_drop)
+
+
+def add_train_corruptions(cfg: Config, corruptions: Sequence[dict]) -> None:
+    """Put a ``RandomSensorCorruption`` of ``corruptions`` right before the training pipeline's ``ModalMask3D``.
+
+    That is after the loading steps (``object_drop`` reads the loaded boxes)
+    and after the ground-truth sampling (the pasted objects' points and image
+    patches are corrupted with the rest, so the recorded dead views hold no
+    object), and before the 3D augmentation; with sweeps loaded, the
+    corruptions get their time column.
+
+    Args:
+        cfg (Config): changed in place.
+        corruptions (Sequence[dict]): ``dict(spec='mode[:arg]', prob=p)`` items.
+
+    Raises:
+        ValueError: a bad spec, or a pipeline without ``ModalMask3D``.
+    """
+    for item in corruptions:
+        parse_corruption(item['spec'])
+    pipeline = _train_pipeline(cfg)
+    types = [step['type'] for step in pipeline]
+    if 'ModalMask3D' not in types:
+        raise ValueError(f'the training pipeline has no ModalMask3D step to put the corruptions before: {types}')
+    step = dict(type='RandomSensorCorruption', corruptions=[dict(item) for item in corruptions])
+    if SWEEP_LOADER in types:
+        step['sweep_time_column'] = sweep_time_column(pipeline[types.index(SWEEP_LOADER)])
+    pipeline.insert(types.index('ModalMask3D'), step)
+
+
+def _train_pipeline(cfg: Config) -> list:
+    train = cfg.data.train
+    return train.get('pipeline') or train.dataset.pipeline
+
+
+def arm_config(arm: StudyArm, data_root: str, epochs: int, image_drop: float, lidar_drop: float,
+               load_from: Optional[str] = None, repo_root: str = '.') -> Config:
+    """The config that trains ``arm`` on the study's data set.
+
+    Args:
+        arm (StudyArm): a trained arm.
+        data_root (str): the synthetic set (relative to ``repo_root``).
+        epochs (int): training epochs.
+        image_drop (float): ``ModalMask3D``: probability that a sample loses its images.
+        lidar_drop (float): ``ModalMask3D``: probability that it loses its points instead.
+        load_from (str, optional): the checkpoint it starts from (stage 2).
+        repo_root (str): where the config and data paths are relative to.
+
+    Returns:
+        Config: keeps one checkpoint.
+    """
+    cfg = retarget_data_root(Config.fromfile(osp.join(repo_root, arm.config)), osp.join(repo_root, data_root))
+    set_modality_drop(cfg, image_drop, lidar_drop)
+    if arm.train_corruptions:
+        add_train_corruptions(cfg, arm.train_corruptions)
+    cfg.merge_from_dict({'runner.max_epochs': epochs, 'checkpoint_config.max_keep_ckpts': 1, 'load_from': load_from})
+    return cfg
+

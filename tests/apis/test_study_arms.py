@@ -1,0 +1,79 @@
+"""apis/study_arms.py: the arms in table order, their configs and what the study changes in them."""
+import os.path as osp
+
+import pytest
+from mmcv import Config
+from mmdet3d.datasets.pipelines import Compose
+from mmdet3d.models import build_model
+
+from projects.mmdet3d_plugin.apis.study_arms import (STUDY_ARMS, TARGET_CORRUPTIONS, StudyArm,
+                                                     add_train_corruptions, arm_config, set_modality_drop,
+                                                     study_arm)
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def _types(cfg):
+    return [step['type'] for step in cfg.data.train.pipeline]
+
+
+def test_arms_in_table_order_with_their_training_and_routing():
+    assert [arm.name for arm in STUDY_ARMS] == ['stage1', 'control', 'global_gate', 'aqr', 'aqr_targets', 'oracle']
+    assert [arm.training for arm in STUDY_ARMS] == ['stage1', 'stage2', 'stage2', 'stage2', 'stage2', 'none']
+    assert [arm.trains for arm in STUDY_ARMS] == ['all', 'all', 'router', 'router', 'router', 'all']
+    assert [arm.test_routing for arm in STUDY_ARMS] == ['learned'] * 5 + ['oracle']
+    assert study_arm('control').config == study_arm('stage1').config == study_arm('oracle').config
+    assert not study_arm('oracle').is_trained and study_arm('aqr').is_trained
+    for arm in STUDY_ARMS:
+        assert osp.exists(osp.join(REPO_ROOT, arm.config)), arm.config
+    with pytest.raises(ValueError, match="no study arm 'mome'"):
+        study_arm('mome')
+    with pytest.raises(ValueError, match='training must be one of'):
+        StudyArm('x', 'x', 'x', 'x.py', 'stage3')
+    with pytest.raises(ValueError, match='trains must be'):
+        StudyArm('x', 'x', 'x', 'x.py', 'stage2', trains='backbone')
+
+
+@pytest.mark.parametrize('name, generator', [
+    ('global_gate', dict(granularity='sample', aux_loss_weight=1.0, query_loss_weight=0.0)),
+    ('aqr', dict(granularity='query', aux_loss_weight=0.0, query_loss_weight=0.0)),
+    ('aqr_targets', dict(granularity='query', aux_loss_weight=0.0, query_loss_weight=1.0))])
+def test_stage2_arms_build_their_router_and_train_only_it(name, generator):
+    cfg = Config.fromfile(osp.join(REPO_ROOT, study_arm(name).config))
+    (hook, ) = cfg.custom_hooks
+    assert hook.type == 'FreezeParametersHook'
+    assert hook.trainable == ['pts_bbox_head.aqr_weight_generator', 'pts_bbox_head.attention_bias_generator']
+    router = build_model(cfg.model).pts_bbox_head.aqr_weight_generator
+    assert {key: getattr(router, key) for key in generator} == generator
+
+
+def test_arm_config_sets_data_epochs_modality_drop_and_the_targets_corruptions(tmp_path):
+    cfg = arm_config(study_arm('aqr_targets'), str(tmp_path), 3, 0.1, 0.4, load_from='stage1.pth',
+                     repo_root=REPO_ROOT)
+    assert (cfg.runner.max_epochs, cfg.load_from, cfg.checkpoint_config.max_keep_ckpts) == (3, 'stage1.pth', 1)
+    assert cfg.data.train.data_root.rstrip('/') == str(tmp_path)
+    (mask, ) = [step for step in cfg.data.train.pipeline if step['type'] == 'ModalMask3D']
+    assert (mask['image_drop_prob'], mask['points_drop_prob']) == (0.1, 0.4)
+    types = _types(cfg)
+    # after loading and GT sampling (the pasted objects are corrupted too), before ModalMask3D and augmentation
+    assert types[types.index('UnifiedObjectSample'):types.index('GlobalRotScaleTransAll')] == [
+        'UnifiedObjectSample', 'RandomSensorCorruption', 'ModalMask3D']
+    step = cfg.data.train.pipeline[types.index('RandomSensorCorruption')]
+    assert step['corruptions'] == [dict(item) for item in TARGET_CORRUPTIONS]
+    assert step['sweep_time_column'] == 4  # the demo's sweeps write their time lag in column 4
+    transform = Compose([step]).transforms[0]
+    assert [t.name for t in transform.transforms] == ['object_drop:0.5', 'camera_fail:0.4', 'mixed:120']
+    assert transform.thresholds.tolist() == pytest.approx([0.2, 0.4, 0.6])
+    other = arm_config(study_arm('aqr'), str(tmp_path), 4, 0.25, 0.25, repo_root=REPO_ROOT)
+    assert 'RandomSensorCorruption' not in _types(other) and other.load_from is None
+
+
+def test_bad_pipelines_and_specs_are_refused():
+    cfg = Config.fromfile(osp.join(REPO_ROOT, study_arm('stage1').config))
+    with pytest.raises(ValueError, match='unknown corruption mode'):
+        add_train_corruptions(cfg, [dict(spec='fog:0.5', prob=0.2)])
+    cfg.data.train.pipeline = [step for step in cfg.data.train.pipeline if step['type'] != 'ModalMask3D']
+    with pytest.raises(ValueError, match='no ModalMask3D step: the study'):
+        set_modality_drop(cfg, 0.1, 0.4)
+    with pytest.raises(ValueError, match='no ModalMask3D step to put the corruptions before'):
+        add_train_corruptions(cfg, TARGET_CORRUPTIONS)
