@@ -77,6 +77,9 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     assert all(claim[2:] == (1, f'{work}/seed{claim[1]}/stage1/epoch_2.pth') for claim in stage2_claims)
     evaluations = [c for c in tools.commands if c[0] == 'tools/eval_robustness.py']
     assert len(evaluations) == 12
+    # seed by seed: seed 0's six evaluations come before seed 1's first training
+    seed1_training = tools.commands.index(trained[5])
+    assert [tools.commands.index(c) < seed1_training for c in evaluations] == [True] * 6 + [False] * 6
     oracle = evaluations[5]
     assert oracle[1:3] == [f'{work}/seed0/stage1/cmt_aqr_synthetic_tiny_fixed_routing.py',
                            f'{work}/seed0/stage1/epoch_2.pth']

@@ -6,7 +6,8 @@ Steps, each skipped when its output is there (a second run continues):
 2. per seed, every trained arm of :data:`.study_arms.STUDY_ARMS`: stage 1
    from scratch (once, of the first seed, with ``shared_stage1``), the
    stage-2 arms from it (``tools/train.py``);
-3. per seed, every arm evaluated clean and under every corruption, with the
+3. per seed, right after its trainings (so that a study stopped half-way has
+   whole seeds), every arm evaluated clean and under every corruption, with the
    object metrics (``tools/eval_robustness.py --object-metrics``; the oracle:
    the stage-1 checkpoint with ``--routing oracle``);
 4. AQR routing pictures of one validation sample of the first seed's
@@ -188,7 +189,6 @@ class RobustnessStudy:
                     f'train {arm.name} ({_epochs(self.epochs(arm))}) -> {self.train_dir(arm, seed)}',
                     self._estimate(self.epochs(arm) * EPOCH_MINUTES[arm.trains]),
                     osp.exists(self.path(self.checkpoint(arm, seed)))))
-        for seed in options.seeds:
             for arm in self.arms:
                 out_dir = self.evaluation_dir(arm, seed)
                 steps.setdefault(out_dir, StudyStep(
@@ -369,13 +369,12 @@ class RobustnessStudy:
         start = time.time()
         self.tools.prepare_data()
         self.record_seconds(f'data {options.data_root} ({options.scenes} scenes)', time.time() - start)
-        for seed in options.seeds:
+        runs: Runs = {arm.name: [] for arm in self.arms}
+        for seed in options.seeds:  # seed by seed: a study stopped half-way has whole seeds evaluated
             for arm in self.arms:
                 if arm.is_trained:
                     self.banner(2, f'seed {seed}: train {arm.label} ({arm.name})')
                     self.train(arm, seed)
-        runs: Runs = {arm.name: [] for arm in self.arms}
-        for seed in options.seeds:
             for arm in self.arms:
                 self.banner(3, f'seed {seed}: evaluate {arm.label} ({arm.test_routing} routing), clean and under '
                             f'{len(options.corruptions) - 1} corruptions')
