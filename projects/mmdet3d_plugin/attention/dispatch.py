@@ -52,7 +52,7 @@ _LOGGED = set()
 LARGE_ORDER = ('segment', 'flashbias', 'sdpa', 'math')
 #: structured bias, calls at most the size threshold: the bias densified (exact for every bias, mask and dropout,
 #: except a differentiable segment bias in half precision, which sdpa refuses), then the large order
-SMALL_ORDER = ('sdpa', ) + LARGE_ORDER
+SMALL_ORDER = ('sdpa', ) + tuple(name for name in LARGE_ORDER if name != 'sdpa')
 #: the size rule: ``auto`` runs a structured bias through dense ``sdpa`` while the score matrix,
 #: ``bs * heads * Q * K`` elements, is at most this, per (bias kind, pass): ``'window'`` where the bias has a
 #: :class:`WindowBias` part (the local AQR bias), else ``'segment'`` (the global one); ``'fwdbwd'`` where autograd
@@ -72,16 +72,19 @@ DENSE_BIAS_MAX_ELEMENTS = {
     ('window', 'fwdbwd'): 2**20,  # 1 048 576
 }
 #: the size rule on CUDA, the local (window) bias only: measured on an NVIDIA H200 (torch 2.11, ``tools/
-#: benchmark_attention.py --crossover --device cuda``, table in docs/gpu.md). Dense sdpa's cost grows with
-#: ``Q * K`` while ``segment`` pays a fixed cost per call and its window correction: fwd+bwd, 900 queries, sdpa
-#: 7.7x bias-free SDPA where segment is 26x (R50 keys, batch 1, float16: 1.6e8 elements), 1.19x vs 2.17x (R50,
-#: batch 2, float32: 3.2e8), but 16.4x vs 11.8x at VoV's 56 400 keys (batch 1, float16: 4.1e8); at the demo's
-#: sizes sdpa costs half of segment (5-10x vs 11-25x). The threshold lies between the last two: 3 * 2**27.
+#: benchmark_attention.py --crossover --device cuda``, table in docs/attention.md). Dense sdpa's cost grows with
+#: ``Q * K`` while ``segment`` pays a fixed cost per call and its window correction. fwd+bwd, 900 queries: sdpa
+#: 7.7-8.9x bias-free SDPA where segment is 26-29x (R50 keys, batch 1, float16: 1.6e8 elements), 10.8x vs 22.7x
+#: (R50, batch 2, float16: 3.2e8), but 17.2x vs 11.9x at VoV's 56 400 keys (batch 1, float16: 4.1e8) and 21.0x
+#: vs 9.5x (batch 2: 8.1e8); at the demo's sizes sdpa costs half of segment (5-10x vs 11-25x). The threshold lies
+#: between 3.2e8 and 4.1e8: 3 * 2**27. Forward only, sdpa was as fast or faster at every measured size (VoV batch
+#: 1: 4.0x vs 4.2x, batch 2: 4.7x vs 6.5x), so up to the largest measured, 8.1e8 (2**30; its dense float16 bias
+#: takes 2 GiB there).
 #: The global bias has no rule on CUDA (segment first): sdpa cannot differentiate it in half precision, and in
 #: float32 the faster of segment and sdpa changes with K rather than with the product.
 CUDA_DENSE_BIAS_MAX_ELEMENTS = {
-    ('window', 'fwd'): 3 * 2**27,  # 402 653 184
-    ('window', 'fwdbwd'): 3 * 2**27,
+    ('window', 'fwd'): 2**30,  # 1 073 741 824
+    ('window', 'fwdbwd'): 3 * 2**27,  # 402 653 184
 }
 #: device types with a size rule (:func:`size_rule`); elsewhere ``auto`` keeps ``segment`` first at every size
 SIZE_RULE_DEVICES = ('cpu', 'cuda')
