@@ -33,6 +33,26 @@ def test_test_mode_always_drops_the_configured_modality(modality):
     assert all(img.shape == (4, 6, 3) and img.dtype == np.uint8 for img in results['img'])
 
 
+def test_points_can_be_removed_instead_of_zeroed(loaded_sample, cmt, created_data):
+    """``points_drop='remove'``: an empty cloud of the loaded width, as the ``lidar_drop`` corruption gives, and it
+    goes through the demo's training steps after ModalMask3D."""
+    mask = build_from_cfg(dict(type='ModalMask3D', mode='test', mask_modal='points', points_drop='remove'), PIPELINES)
+    results = mask(_small_results())
+    assert results[DROPPED_MODALITIES_KEY] == ['points']
+    assert isinstance(results['points'], LiDARPoints) and results['points'].tensor.shape == (0, 5)
+    assert 'remove' in repr(mask)
+    np.random.seed(0)
+    train = build_from_cfg(dict(type='ModalMask3D', mode='train', image_drop_prob=0.0, points_drop_prob=1.0,
+                                points_drop='remove'), PIPELINES)
+    assert train(_small_results())['points'].tensor.shape == (0, 5)
+    after_loading = cmt.train_pipeline(created_data['dbinfos'])[len(cmt.LOADING_PIPELINE):]
+    steps = [step for step in after_loading if step['type'] != 'UnifiedObjectSample']  # it pastes points back
+    index = [step['type'] for step in steps].index('ModalMask3D')
+    steps[index] = dict(type='ModalMask3D', mode='test', mask_modal='points', points_drop='remove')
+    out = Compose(steps)(loaded_sample())
+    assert out['points'].data.shape[0] == 0 and out['img_metas'].data[DROPPED_MODALITIES_KEY] == ['points']
+
+
 def test_train_mode_drops_at_most_one_modality_with_the_configured_rates():
     np.random.seed(0)
     mask = build_from_cfg(dict(type='ModalMask3D', mode='train', image_drop_prob=0.3, points_drop_prob=0.2), PIPELINES)
@@ -62,6 +82,8 @@ def test_bad_arguments_are_rejected():
         build_from_cfg(dict(type='ModalMask3D', mode='eval'), PIPELINES)
     with pytest.raises(ValueError, match='mask_modal'):
         build_from_cfg(dict(type='ModalMask3D', mask_modal='radar'), PIPELINES)
+    with pytest.raises(ValueError, match="points_drop must be one of \\('zero', 'remove'\\)"):
+        build_from_cfg(dict(type='ModalMask3D', points_drop='delete'), PIPELINES)
     with pytest.raises(ValueError, match='sum to <= 1'):
         build_from_cfg(dict(type='ModalMask3D', mode='train', image_drop_prob=0.7, points_drop_prob=0.5), PIPELINES)
     with pytest.raises(KeyError, match="no 'img'"):
