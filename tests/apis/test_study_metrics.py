@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from projects.mmdet3d_plugin.apis.study_metrics import (SampleObservation, affected_objects, detection_outcomes,
-                                                        object_metrics, routed_queries, router_hits, sample_counts)
+                                                        object_metrics, routed_queries, router_hits, sample_counts,
+                                                        visible_objects)
 from projects.mmdet3d_plugin.apis.synthetic_batch import ring_camera
 
 IMG_H, IMG_W = 32, 64
@@ -144,3 +145,12 @@ def test_observations_of_different_samples_are_refused():
         sample_counts(_observation([20, 20, 20]), _observation([20, 20, 20], token='t1'))
     with pytest.raises(ValueError, match='1 clean and 2 corrupted'):
         object_metrics([_observation([20, 20, 20])], [_observation([20, 20, 20])] * 2)
+
+
+def test_an_object_is_seen_where_its_gravity_centre_projects():
+    """A 6 m tall box 2 m ahead standing 3 m below the cameras: its bottom centre is below the front image, its
+    gravity centre (at the cameras' height) in it."""
+    observation = _observation([20, 20, 20])
+    observation.gt_boxes[0, :3] = torch.tensor([2.0, 0.0, -3.0])
+    observation.gt_boxes[0, 5] = 6.0
+    assert visible_objects(observation, observation.lidar2img).tolist() == [True, True, False]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
+from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor
 
 from ..datasets.pipelines.corruption import CORRUPTION_KEY
@@ -250,9 +251,8 @@ def _ratio(numerator: int, denominator: int) -> Optional[float]:
 
 def visible_objects(observation: SampleObservation, lidar2img: Tensor) -> Tensor:
     """``[n]`` bool: each object's centre in a live view of ``observation``, projected with ``lidar2img``."""
-    centres = observation.gt_boxes[:, :3].clone()
-    centres[:, 2] += observation.gt_boxes[:, 5] / 2  # bottom to gravity centre
-    return camera_visible_objects(centres, lidar2img, observation.camera_meta)
+    boxes = LiDARInstance3DBoxes(observation.gt_boxes, box_dim=observation.gt_boxes.shape[-1])
+    return camera_visible_objects(boxes.gravity_center, lidar2img, observation.camera_meta)
 
 
 def sample_counts(clean: SampleObservation, corrupted: SampleObservation, score_threshold: float = SCORE_THRESHOLD,
