@@ -8,6 +8,8 @@ Examples::
     python tools/benchmark_model.py --shapes r50 --modes inference --pairs 3
     # VoV training step with the image backbone frozen (the full step needs more than 24 GB of host memory)
     python tools/benchmark_model.py --shapes vov --modes train --freeze img_backbone
+    # the full VoV training step, with the image backbone's activations checkpointed (about 12 GB)
+    python tools/benchmark_model.py --shapes vov --modes train --cfg-options model.img_backbone.with_cp=True
     # any two configs; tiny shapes (seconds)
     python tools/benchmark_model.py --configs A.py B.py --tiny
 
@@ -59,7 +61,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from mmcv import Config
+from mmcv import Config, DictAction
 from torch import nn
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -108,6 +110,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--freeze', nargs='+', default=[], metavar='MODULE',
                         help='detector submodules (e.g. img_backbone) whose parameters do not train, in A and B: '
                              'their backward is skipped, so a training step needs far less memory')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
+                        help='override settings of both configs, e.g. model.img_backbone.with_cp=True (activation '
+                             'checkpointing: the full VoV training step in less memory)')
     parser.add_argument('--tiny', action='store_true',
                         help=f'small inputs and grids for a smoke run ({TINY}); explicit options win')
     parser.add_argument('--memory', choices=('auto', 'none'), default='auto',
@@ -136,6 +141,7 @@ def shape_configs(args: argparse.Namespace) -> Dict[str, Tuple[str, str]]:
 def load_config(path: str, args: argparse.Namespace) -> Config:
     """The config at ``path`` (relative to the repository root or not), shrunk as the options say."""
     cfg = Config.fromfile(path if osp.isabs(path) else osp.join(REPO_ROOT, path))
+    cfg.merge_from_dict(args.cfg_options)
     return shrink_config(cfg, args.half_range, args.image_size, args.queries)
 
 
@@ -222,15 +228,17 @@ def timed_run(run: Callable[[], None], device: str) -> Tuple[float, Optional[flo
 def paired_runs(runs: Sequence[Callable[[], None]], timers: Sequence[PartTimer],
                 args: argparse.Namespace) -> dict:
     """``--warmup`` then ``--pairs`` alternated runs of A and B: times, peak memory and mean ms per part."""
-    for _ in range(args.warmup):
-        for run in runs:
+    for warmup in range(args.warmup):
+        for side, run in enumerate(runs):
+            start = time.perf_counter()
             run()
+            print(f'  warm-up {warmup + 1}/{args.warmup} {"AB"[side]}: {time.perf_counter() - start:.1f} s', flush=True)
     for timer in timers:
         timer.collect()
     times: List[List[float]] = [[], []]
     peaks: List[List[float]] = [[], []]
     parts = [dict(), dict()]
-    for _ in range(args.pairs):
+    for pair in range(args.pairs):
         for side, run in enumerate(runs):
             milliseconds, peak = timed_run(run, args.device)
             times[side].append(milliseconds)
@@ -238,6 +246,8 @@ def paired_runs(runs: Sequence[Callable[[], None]], timers: Sequence[PartTimer],
                 peaks[side].append(peak)
             for name, value in timers[side].collect().items():
                 parts[side][name] = parts[side].get(name, 0.0) + value
+        print(f'  pair {pair + 1}/{args.pairs}: A {times[0][-1] / 1e3:.2f} s, B {times[1][-1] / 1e3:.2f} s, '
+              f'B/A {times[1][-1] / times[0][-1]:.3f}', flush=True)
     ratios = [b / a for a, b in zip(*times)]
     return dict(
         times_ms=dict(A=times[0], B=times[1]),
@@ -264,6 +274,7 @@ def benchmark_shape(shape: str, paths: Tuple[str, str], args: argparse.Namespace
     part_rows = [instrument(model, timer) for model, timer in zip(models, timers)]
     points = [len(p) for p in batch['points']]
     frozen = f'; frozen (no training): {", ".join(args.freeze)}' if args.freeze else ''
+    frozen += ''.join(f'; {key}={value}' for key, value in args.cfg_options.items())
     print(f'\n{shape}: A = {paths[0]}, B = {paths[1]}; B got {num_shared} of A\'s tensors{frozen}; inputs: '
           f'{args.batch_size} x ({points[0]} points, {args.boxes} boxes, 6 cameras '
           f'{"x".join(map(str, batch["img"].shape[-2:]))}); {cfgs[0].model.pts_bbox_head.num_query} queries',
@@ -272,6 +283,7 @@ def benchmark_shape(shape: str, paths: Tuple[str, str], args: argparse.Namespace
     for mode in args.modes:
         runs = [make_run(model, cfg, mode, batch, timer) for model, cfg, timer in zip(models, cfgs, timers)]
         result = dict(shape=shape, mode=mode, configs=list(paths), shared_tensors=num_shared, frozen=list(args.freeze),
+                      cfg_options=dict(args.cfg_options),
                       points_per_sample=points, **paired_runs(runs, timers, args))
         extra = list(TRAIN_ROWS) if mode == 'train' else []
         rows = merge_rows(part_rows[0] + extra, part_rows[1] + extra)
@@ -324,14 +336,20 @@ def _mib(value: Optional[float]) -> str:
     return '—' if value is None else f'{value:.0f} MiB'
 
 
+def _mode_label(result: dict) -> str:
+    """The mode, with the frozen modules (training) and the config overrides it ran with."""
+    notes = [f'{", ".join(result["frozen"])} frozen'] if result['frozen'] and result['mode'] == 'train' else []
+    notes += [f'{key}={value}' for key, value in result.get('cfg_options', {}).items()]
+    return f'{result["mode"]} ({"; ".join(notes)})' if notes else result['mode']
+
+
 def markdown_tables(results: List[dict]) -> str:
     """The summary table (median times, paired ratio, peak memory) and a per-part table of each shape and mode."""
     lines = ['| shape | mode | A median ms | B median ms | B/A median [min, max] | peak A | peak B |',
              '|---|---|---:|---:|---|---:|---:|']
     for r in results:
         ratio = r['ratio']
-        mode = f'{r["mode"]} ({", ".join(r["frozen"])} frozen)' if r['frozen'] and r['mode'] == 'train' else r['mode']
-        lines.append(f'| {r["shape"]} | {mode} | {_ms(r["median_ms"]["A"])} | {_ms(r["median_ms"]["B"])} | '
+        lines.append(f'| {r["shape"]} | {_mode_label(r)} | {_ms(r["median_ms"]["A"])} | {_ms(r["median_ms"]["B"])} | '
                      f'{ratio["median"]:.3f} [{ratio["min"]:.3f}, {ratio["max"]:.3f}] | '
                      f'{_mib(r["peak_mib"]["A"])} | {_mib(r["peak_mib"]["B"])} |')
     for r in results:

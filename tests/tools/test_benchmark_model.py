@@ -39,6 +39,8 @@ def test_tiny_benchmark_has_every_row(tmp_path, capsys):
                            for kind in ('self_attn', 'cross_attn'))
     results = {result['mode']: result for result in report['results']}
     assert sorted(results) == ['inference', 'train']
+    progress = [line for line in text.splitlines() if line.startswith('  pair ')]  # one line per pair and mode
+    assert [line.split(':')[0] for line in progress] == [f'  pair {i + 1}/{PAIRS}' for i in range(PAIRS)] * 2
     for mode, result in results.items():
         ratio = result['ratio']
         times_a, times_b = result['times_ms']['A'], result['times_ms']['B']
@@ -133,3 +135,16 @@ def test_freeze_refuses_an_unknown_module():
     args = benchmark_model.parse_args(['--configs', *DEMO_PAIR, '--tiny', '--freeze', 'image_backbone'])
     with pytest.raises(ValueError, match=r"no submodule 'image_backbone' \(it has: .*img_backbone"):
         benchmark_model.build_pair(DEMO_PAIR, args)
+
+
+def test_cfg_options_reach_both_models_and_the_table():
+    args = benchmark_model.parse_args(['--configs', *DEMO_PAIR, '--tiny', '--cfg-options',
+                                       'model.pts_bbox_head.scalar=3', 'model.img_backbone.norm_eval=True'])
+    models, cfgs, _ = benchmark_model.build_pair(DEMO_PAIR, args)
+    for model in models:
+        assert model.pts_bbox_head.scalar == 3 and model.img_backbone.norm_eval
+    result = dict(shape='custom', mode='train', frozen=[], cfg_options=dict(args.cfg_options), configs=list(DEMO_PAIR),
+                  ratio=dict(median=1.0, min=1.0, max=1.0), median_ms=dict(A=1.0, B=1.0),
+                  peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}])
+    assert '| custom | train (model.pts_bbox_head.scalar=3; model.img_backbone.norm_eval=True) |' in (
+        benchmark_model.markdown_tables([result]))

@@ -33,7 +33,7 @@ def recording_transformer(head):
     biases, run = [], head._run_transformer
 
     def record(*args):
-        biases.append(args[-1])
+        biases.append(args[6])  # cross_attn_bias
         return run(*args)
 
     head._run_transformer = record
@@ -108,9 +108,9 @@ def test_attention_applies_the_structured_bias_exactly(backend, cmt_test_data):
     bias = head.route_queries(head.reference_points.weight[None].expand(2, -1, -1), query_embed, None, None, img,
                               rv_pos, img_metas, None).cross_attn_bias
     assert bias.num_keys == 2 * 4 * 10 and bias.to_dense().abs().sum() > 0
-    structured = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias)
-    dense = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias.to_dense())
-    unbiased = head._run_transformer(None, None, img, rv_pos, query_embed, None, None)
+    structured = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias, head.transformer)
+    dense = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias.to_dense(), head.transformer)
+    unbiased = head._run_transformer(None, None, img, rv_pos, query_embed, None, None, head.transformer)
     torch.testing.assert_close(structured, dense, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(structured, unbiased)
 

@@ -299,3 +299,61 @@ def test_aqr_config_trains_with_passes_and_demo_config_only_adds_them(cmt_test_d
     base = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny.py'))
     assert tuple(demo.model.pts_bbox_head.pop('modality_passes')) == PASSES
     assert demo.model == base.model and demo.data == base.data
+
+
+def test_separate_decoders_are_their_passes_own(cmt_test_data):
+    """``pass_decoders='separate'``: the camera pass trains its own transformer and task heads, the fused pass
+    the head's; nothing else is added."""
+    default = head_cfg(modality_passes=('fused', 'camera'))
+    head = head_cfg(modality_passes=('fused', 'camera'), pass_decoders='separate').train()
+    own = {key for key in head.state_dict() if key.startswith('separate_decoders.camera.')}
+    assert set(head.state_dict()) - own == set(default.state_dict())
+    assert {key.split('.')[2] for key in own} == {'transformer', 'task_heads'}
+    assert len(own) == sum(1 for key in default.state_dict() if key.startswith(('transformer.', 'task_heads.')))
+    for task_head in head.separate_decoders['camera']['task_heads']:  # init_weights reached them (focal prior)
+        assert torch.allclose(task_head.cls_logits[-1].bias, torch.full_like(task_head.cls_logits[-1].bias, -2.19))
+    bev, img = features()
+    boxes, labels = gts(cmt_test_data)
+    losses = head.loss(boxes, labels, head([bev], [img], cmt_test_data['make_img_metas'](2), boxes, labels))
+    camera_total = sum(value for key, value in losses.items() if key.startswith('camera.') and 'loss' in key)
+    fused_total = sum(value for key, value in losses.items() if not key.startswith('camera.'))
+    for total, trained, untouched in ((camera_total, head.separate_decoders['camera'], head.transformer),
+                                      (fused_total, head.transformer, head.separate_decoders['camera'])):
+        trained_grads = torch.autograd.grad(total, list(trained.parameters()), retain_graph=True, allow_unused=True)
+        untouched_grads = torch.autograd.grad(total, list(untouched.parameters()), retain_graph=True,
+                                              allow_unused=True)
+        assert any(grad is not None and grad.abs().sum() > 0 for grad in trained_grads)
+        assert all(grad is None for grad in untouched_grads)
+
+
+@pytest.mark.parametrize('pass_decoders', ['shared', 'separate'])
+def test_lidar_free_pass_decodes_the_samples_without_points(pass_decoders, cmt_test_data):
+    head = head_cfg(modality_passes=('fused', 'camera'), pass_decoders=pass_decoders,
+                    lidar_free_pass='camera', **AQR).eval()
+    assert head.needs_points_in_metas and not head_cfg(modality_passes=('fused', 'camera')).needs_points_in_metas
+    bev, img = features()
+
+    def cls_logits(*num_points):
+        img_metas = [dict(meta, lidar_points=torch.zeros(count, 3))
+                     for meta, count in zip(cmt_test_data['make_img_metas'](2), num_points)]
+        with torch.no_grad():
+            preds = head([bev], [img], img_metas)
+        return torch.cat([task[0]['cls_logits'] for task in preds], dim=-1)  # [L, bs, Q, classes]
+
+    fused, camera, mixed = cls_logits(5, 7), cls_logits(0, 0), cls_logits(0, 7)
+    assert not torch.allclose(camera, fused)
+    torch.testing.assert_close(mixed[:, 0], camera[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(mixed[:, 1], fused[:, 1], rtol=0, atol=0)
+    with pytest.raises(KeyError, match="no 'lidar_points'"):
+        head([bev], [img], cmt_test_data['make_img_metas'](2))
+
+
+def test_bad_pass_options_raise():
+    for options, message in (
+            (dict(pass_decoders='own'), "pass_decoders must be one of \\('shared', 'separate'\\)"),
+            (dict(pass_decoders='separate'), 'has none'),
+            (dict(modality_passes=('fused', 'camera'), lidar_free_pass='lidar'), 'one of the trained'),
+            (dict(modality_passes=('fused', 'lidar'), lidar_free_pass='lidar'), 'needs a pass without them'),
+    ):
+        with pytest.raises(ValueError, match=message):
+            head_cfg(**options)

@@ -94,7 +94,7 @@ def test_oracle_routing_replaces_the_learned_weights_at_test_time(cmt_test_data)
     assert head.needs_points_in_metas
     boxes, labels, meta, _ = _constructed_sample(cmt_test_data)
     bev, img = features(bs=1)
-    meta = dict(meta, oracle_lidar_points=torch.tensor([[6.0, 0.0, 0.0]]))
+    meta = dict(meta, lidar_points=torch.tensor([[6.0, 0.0, 0.0]]))
     routing = head.eval()([bev], [img], [meta])[0][0]['aqr_routing']
     weights = torch.stack([routing.lidar_weights, routing.camera_weights], -1)
     assert set(weights.unique().tolist()) <= {0.0, 1.0}
@@ -105,7 +105,7 @@ def test_oracle_routing_replaces_the_learned_weights_at_test_time(cmt_test_data)
     assert 0 < routing.lidar_weights.sum() < routing.lidar_weights.numel()
     learned = head.train()([bev], [img], [meta], [boxes], [labels])[0][0]['aqr_routing']
     assert not set(learned.lidar_weights.unique().tolist()) <= {0.0, 1.0}, 'training always uses the router'
-    with pytest.raises(KeyError, match='oracle_lidar_points'):
+    with pytest.raises(KeyError, match='lidar_points'):
         head.eval()([bev], [img], [_constructed_sample(cmt_test_data)[2]])
     head.test_cfg = dict(aqr_routing='best')
     with pytest.raises(ValueError, match="aqr_routing"):
@@ -122,4 +122,4 @@ def test_detector_puts_points_in_the_metas_for_the_oracle(cmt_test_data):
     with torch.no_grad():
         results = model.forward(return_loss=False, img_metas=[data['img_metas']], points=[data['points']],
                                 img=[data['img']])
-    assert len(results) == 1 and 'oracle_lidar_points' not in data['img_metas'][0], 'the caller\'s metas unchanged'
+    assert len(results) == 1 and 'lidar_points' not in data['img_metas'][0], 'the caller\'s metas unchanged'

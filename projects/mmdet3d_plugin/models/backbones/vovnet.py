@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint as cp
 from mmcv.runner import BaseModule
 from mmdet.models.builder import BACKBONES
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -75,15 +76,17 @@ class OSABlock(nn.Module):
         name (str): block name used as the prefix of its layers (``OSA3_2``).
         identity (bool): add the input to the output (needs
             ``in_channels == out_channels``).
+        with_cp (bool): activation checkpointing (see :class:`VoVNet`).
     """
 
     def __init__(self, in_channels: int, conv_channels: int, out_channels: int, num_layers: int, name: str,
-                 identity: bool) -> None:
+                 identity: bool, with_cp: bool = False) -> None:
         super().__init__()
         if identity and in_channels != out_channels:
             raise ValueError(f'{name}: identity shortcut needs in_channels == out_channels, '
                              f'got {in_channels} and {out_channels}')
         self.identity = identity
+        self.with_cp = with_cp
         self.layers = nn.ModuleList(
             conv_norm_act(in_channels if i == 0 else conv_channels, conv_channels, 3, 1, f'{name}_{i}')
             for i in range(num_layers))
@@ -92,6 +95,11 @@ class OSABlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [N, in_channels, H, W]`` -> ``[N, out_channels, H, W]``."""
+        if self.with_cp and torch.is_grad_enabled():
+            return cp.checkpoint(self._aggregate, x, use_reentrant=False)
+        return self._aggregate(x)
+
+    def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         features = [x]
         for layer in self.layers:
             features.append(layer(features[-1]))
@@ -100,7 +108,7 @@ class OSABlock(nn.Module):
 
 
 def build_osa_stage(stage_index: int, in_channels: int, conv_channels: int, out_channels: int, num_blocks: int,
-                    num_layers: int) -> nn.Sequential:
+                    num_layers: int, with_cp: bool = False) -> nn.Sequential:
     """Stage ``stage_index`` (2..5): optional ``Pooling`` then blocks ``OSA{stage}_1 .. OSA{stage}_{num_blocks}``."""
     modules = OrderedDict()
     if stage_index != 2:
@@ -108,7 +116,7 @@ def build_osa_stage(stage_index: int, in_channels: int, conv_channels: int, out_
     for block in range(1, num_blocks + 1):
         name = f'OSA{stage_index}_{block}'
         modules[name] = OSABlock(in_channels if block == 1 else out_channels, conv_channels, out_channels, num_layers,
-                                 name, identity=block > 1)
+                                 name, identity=block > 1, with_cp=with_cp)
     return nn.Sequential(modules)
 
 
@@ -125,6 +133,13 @@ class VoVNet(BaseModule):
         frozen_stages (int): -1 freezes nothing; ``k >= 0`` freezes the stem
             and stages ``2 .. k + 1`` (no gradients, BN in eval mode).
         norm_eval (bool): keep every BatchNorm in eval mode while training.
+        with_cp (bool): activation checkpointing of every OSA block, as
+            mmdet's ``ResNet(with_cp=True)``: a block keeps only its input for
+            the backward and recomputes the rest there, so training needs far
+            less memory (a 1600x640 six-camera VoV-99 training step on the CPU:
+            see docs/performance.md) for one more forward of each block. Same
+            outputs and gradients; with ``norm_eval=False`` the recomputation
+            updates the BatchNorm running statistics a second time.
         init_cfg (dict, optional): mmcv initialisation config.
 
     Strides / channels of the outputs (V-99-eSE): stem 4 / 128, stage2 4 / 256,
@@ -137,6 +152,7 @@ class VoVNet(BaseModule):
                  out_features: Sequence[str] = ('stage4', 'stage5'),
                  frozen_stages: int = -1,
                  norm_eval: bool = True,
+                 with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg)
         if spec_name not in VOVNET_SPECS:
@@ -161,7 +177,7 @@ class VoVNet(BaseModule):
         for i, name in enumerate(STAGE_NAMES):
             self.add_module(name, build_osa_stage(i + 2, in_channels[i], spec['stage_conv_ch'][i],
                                                   spec['stage_out_ch'][i], spec['block_per_stage'][i],
-                                                  spec['layer_per_block']))
+                                                  spec['layer_per_block'], with_cp))
         self.out_channels = {'stem': stem_ch[2], **dict(zip(STAGE_NAMES, spec['stage_out_ch']))}
         self._freeze_stages()
 

@@ -43,12 +43,11 @@ from ...attention import AttentionBias
 from ..aqr.routing_targets import live_camera_views, lidar_occupancy, oracle_routing_weights
 from ..utils.denoising import DenoisingQueries
 from ..utils.petr_transformer import PerLayer
+from .modality_passes import LIDAR_POINTS_KEY
 
 MODULATIONS = ('attention_bias', 'feature')
 #: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`).
 TEST_ROUTINGS = ('learned', 'oracle')
-#: img_meta key of a sample's LiDAR points ``[P, 3]`` for the oracle routing (test time only).
-ORACLE_POINTS_KEY = 'oracle_lidar_points'
 logger = logging.getLogger('mmdet')
 
 
@@ -228,10 +227,10 @@ class AQRRoutingMixin:
         device = info['pts_bev'].device
         occupancy, live = [], []
         for index, meta in enumerate(img_metas):
-            if ORACLE_POINTS_KEY not in meta:
-                raise KeyError(f"img_metas[{index}] has no '{ORACLE_POINTS_KEY}': oracle routing reads the sample's "
+            if LIDAR_POINTS_KEY not in meta:
+                raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': oracle routing reads the sample's "
                                f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
-            occupancy.append(lidar_occupancy(meta[ORACLE_POINTS_KEY].to(device), self.pc_range, bev_shape))
+            occupancy.append(lidar_occupancy(meta[LIDAR_POINTS_KEY].to(device), self.pc_range, bev_shape))
             live.append(live_camera_views(meta, num_views, device))
         return oracle_routing_weights(info, torch.stack(occupancy), torch.stack(live),
                                       self.aqr_weight_generator.lidar_window)

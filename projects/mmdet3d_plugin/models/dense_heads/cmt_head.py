@@ -46,7 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmcv.cnn import ConvModule
-from mmcv.runner import BaseModule, ModuleList, force_fp32
+from mmcv.runner import BaseModule, ModuleDict, ModuleList, force_fp32
 from mmdet.core import build_assigner, build_bbox_coder
 from mmdet.models.builder import HEADS, build_head, build_loss
 from mmdet.models.utils import build_transformer
@@ -67,6 +67,7 @@ from .cmt_head_loss import CmtHeadLossMixin
 from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX
 from .key_range_bias import restrict_to_keys
 from .modality_passes import (FUSED, PASS_PREDICTIONS_KEY, TRAINED_SAMPLES_KEY, ModalityPass, build_modality_passes,
+                              check_pass_options, lidar_free_samples, merge_sample_predictions,
                               trained_samples)
 
 NUSCENES_TASKS = (
@@ -142,6 +143,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             the camera tokens only; fusion head only), each with its own
             matching, DN and losses (see :mod:`.modality_passes`). Inference
             decodes the fused pass. Default ``('fused',)``: plain CMT.
+        pass_decoders (str): ``'shared'`` (default): every pass decodes
+            with the head's transformer and task heads; ``'separate'``: each
+            single-modality pass has its own (``separate_decoders.<pass>``).
+        lidar_free_pass (str, optional): a trained single-modality pass
+            without BEV keys (``'camera'``) that decodes, at inference, the
+            samples whose point cloud is empty; the others keep the fused
+            pass. None (default): the fused pass decodes every sample.
         image_aux_config (dict, optional): ``ImageAuxHead`` config (its
             ``in_channels`` and ``num_classes`` are set from ``hidden_dim`` and
             the tasks); adds the ``image_aux.loss_heatmap`` /
@@ -192,6 +200,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  aqr_bias_strength: Optional[float] = None,
                  aqr_use_local_bias: Optional[bool] = None,
                  modality_passes: Sequence[str] = ('fused', ),
+                 pass_decoders: str = 'shared',
+                 lidar_free_pass: Optional[str] = None,
                  image_aux_config: Optional[dict] = None,
                  camera_depth_position: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
@@ -228,6 +238,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         self.fp16_enabled = False
         self.modality_passes = build_modality_passes(modality_passes, type(self).__name__, self.uses_lidar,
                                                      self.uses_camera)
+        self.lidar_free_pass = check_pass_options(self.modality_passes, pass_decoders, lidar_free_pass,
+                                                  type(self).__name__)
 
         self.loss_cls = build_loss(loss_cls)
         self.loss_bbox = build_loss(loss_bbox)
@@ -249,19 +261,36 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if self.uses_camera:
             self.rv_embedding = nn.Sequential(
                 nn.Linear(depth_num * 3, hidden_dim * 4), nn.ReLU(inplace=True), nn.Linear(hidden_dim * 4, hidden_dim))
-        num_layers = len(self.transformer.decoder.layers)
-        # mmcv's ModuleList, so that init_weights() reaches every SeparateTaskHead (with torch's
-        # nn.ModuleList the classification prior init_bias would never be set).
-        self.task_heads = ModuleList()
-        for num_cls in self.num_classes:
-            heads = dict(copy.deepcopy(common_heads), cls_logits=(num_cls, 2))
-            self.task_heads.append(build_head(dict(separate_head, in_channels=hidden_dim, heads=heads,
-                                                   groups=num_layers)))
+        self.task_heads = self._build_task_heads(common_heads, separate_head)
+        # mmcv's ModuleDict / ModuleList, so that init_weights() reaches every transformer and SeparateTaskHead
+        # (with torch's containers the classification prior init_bias would never be set).
+        self.separate_decoders = ModuleDict()
+        if pass_decoders == 'separate':
+            for modality_pass in self.modality_passes[1:]:
+                self.separate_decoders[modality_pass.name] = ModuleDict(dict(
+                    transformer=build_transformer(transformer),
+                    task_heads=self._build_task_heads(common_heads, separate_head)))
         if train_cfg:
             self.assigner = build_assigner(train_cfg['assigner'])
         self.init_query_routing(aqr_config, attention_bias_config, modulation, weight_renderer_config,
                                 feature_modulator_config, enable_aqr)
         self._init_camera_aids(image_aux_config, camera_depth_position)
+
+    def _build_task_heads(self, common_heads: dict, separate_head: dict) -> ModuleList:
+        """One ``SeparateTaskHead`` per task, its groups one per decoder layer."""
+        num_layers = len(self.transformer.decoder.layers)
+        task_heads = ModuleList()
+        for num_cls in self.num_classes:
+            heads = dict(copy.deepcopy(common_heads), cls_logits=(num_cls, 2))
+            task_heads.append(build_head(dict(separate_head, in_channels=self.hidden_dim, heads=heads,
+                                              groups=num_layers)))
+        return task_heads
+
+    @property
+    def needs_points_in_metas(self) -> bool:
+        """Whether the detector must put each sample's points in its img_meta at test time (oracle routing, or
+        ``lidar_free_pass`` telling the samples without LiDAR)."""
+        return super().needs_points_in_metas or self.lidar_free_pass is not None
 
     def _init_camera_aids(self, image_aux_config: Optional[dict], camera_depth_position: bool) -> None:
         """Build the optional :class:`ImageAuxHead` and check ``camera_depth_position`` against it."""
@@ -402,7 +431,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             in this layout, whose first task's dict adds ``trained_samples``
             (per sample, whether the pass's input was there); with an
             ``ImageAuxHead``, in training it holds ``image_aux``
-            (:class:`ImageAuxOutputs`).
+            (:class:`ImageAuxOutputs`). At inference with ``lidar_free_pass``,
+            the samples without LiDAR points hold that pass's predictions.
         """
         bev_feat = self._bev_input(pts_feats)
         img_feat = self._camera_input(img_feats)
@@ -434,10 +464,14 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         rv_pos = self.rv_pos_embed(img_feat, img_metas, token_depth) if img_feat is not None else None
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
                                     dn_queries)
-        passes = self.modality_passes if self.training else (FUSED, )
+        lidar_free = () if self.training or self.lidar_free_pass is None else lidar_free_samples(img_metas)
+        passes = self.modality_passes if self.training else (FUSED, ) + ((self.lidar_free_pass, ) * any(lidar_free))
         decoded = [self._decode_pass(modality_pass, routed, bev_pos, rv_pos, query_embed, self_attn_mask,
                                      reference_points, dn_queries, img_metas) for modality_pass in passes]
         preds_dicts = decoded[0]
+        if not self.training and len(passes) > 1:
+            preds_dicts = merge_sample_predictions(preds_dicts, decoded[1],
+                                                   torch.tensor(lidar_free, device=reference_points.device))
         if routed.routing is not None:
             preds_dicts[0][0]['aqr_routing'] = routed.routing
         if len(passes) > 1:
@@ -451,7 +485,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                      rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
                      reference_points: Tensor, dn_queries: Optional[DenoisingQueries],
                      img_metas: Sequence[dict]) -> Tuple[List[dict], ...]:
-        """Decode the queries against the pass's keys only, with the routing bias of those keys.
+        """Decode the queries against the pass's keys only, with the routing bias of those keys and the pass's
+        decoder (its own with ``pass_decoders='separate'``).
 
         Args:
             modality_pass (ModalityPass): which keys.
@@ -476,8 +511,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 bev_feat, bev_pos = None, None
             if not modality_pass.uses_camera:
                 img_feat, rv_pos = None, None
-        outs_dec = self._run_transformer(bev_feat, bev_pos, img_feat, rv_pos, query_embed, self_attn_mask, bias)
-        preds_dicts = self._task_predictions(torch.nan_to_num(outs_dec), reference_points, dn_queries)
+        transformer, task_heads = self.transformer, self.task_heads
+        if modality_pass.name in self.separate_decoders:
+            decoder = self.separate_decoders[modality_pass.name]
+            transformer, task_heads = decoder['transformer'], decoder['task_heads']
+        outs_dec = self._run_transformer(bev_feat, bev_pos, img_feat, rv_pos, query_embed, self_attn_mask, bias,
+                                         transformer)
+        preds_dicts = self._task_predictions(torch.nan_to_num(outs_dec), reference_points, dn_queries, task_heads)
         if modality_pass is not FUSED:
             preds_dicts[0][0][TRAINED_SAMPLES_KEY] = trained_samples(modality_pass, img_metas)
         return preds_dicts
@@ -516,20 +556,20 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
 
     def _run_transformer(self, bev_feat: Optional[Tensor], bev_pos: Optional[Tensor], img_feat: Optional[Tensor],
                          rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
-                         cross_attn_bias) -> Tensor:
-        """Decoder outputs ``[L, bs, P, C]``."""
-        outs_dec, _ = self.transformer(bev_feat, img_feat, query_embed, bev_pos, rv_pos,
+                         cross_attn_bias, transformer: nn.Module) -> Tensor:
+        """Decoder outputs ``[L, bs, P, C]`` of ``transformer`` (the head's, or a pass's own)."""
+        outs_dec, _ = transformer(bev_feat, img_feat, query_embed, bev_pos, rv_pos,
                                        self_attn_mask=self_attn_mask, cross_attn_bias=cross_attn_bias)
         return outs_dec
 
-    def _task_predictions(self, outs_dec: Tensor, reference_points: Tensor,
-                          dn_queries: Optional[DenoisingQueries]) -> Tuple[List[dict], ...]:
+    def _task_predictions(self, outs_dec: Tensor, reference_points: Tensor, dn_queries: Optional[DenoisingQueries],
+                          task_heads: ModuleList) -> Tuple[List[dict], ...]:
         reference = inverse_sigmoid(reference_points)
         low = device_constant(self.pc_range[:3], reference_points.device, reference_points.dtype)
         extent = device_constant(self.pc_range[3:6], reference_points.device, reference_points.dtype) - low
         pad_size = dn_queries.pad_size if dn_queries is not None else 0
         preds_dicts = []
-        for task_head in self.task_heads:
+        for task_head in task_heads:
             outs = task_head(outs_dec)
             outs['center'] = (outs['center'] + reference[..., :2]).sigmoid() * extent[:2] + low[:2]
             outs['height'] = (outs['height'] + reference[..., 2:3]).sigmoid() * extent[2:] + low[2:]
@@ -580,8 +620,9 @@ class CmtLidarHead(CmtHead):
         return None
 
     def _run_transformer(self, bev_feat: Tensor, bev_pos: Tensor, img_feat: None, rv_pos: None,
-                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias) -> Tensor:
-        outs_dec, _ = self.transformer(bev_feat, query_embed, bev_pos, self_attn_mask=self_attn_mask,
+                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias,
+                         transformer: nn.Module) -> Tensor:
+        outs_dec, _ = transformer(bev_feat, query_embed, bev_pos, self_attn_mask=self_attn_mask,
                                        cross_attn_bias=cross_attn_bias)
         return outs_dec
 
@@ -637,7 +678,8 @@ class CmtImageHead(CmtHead):
         return None
 
     def _run_transformer(self, bev_feat: None, bev_pos: None, img_feat: Tensor, rv_pos: Tensor,
-                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias) -> Tensor:
-        outs_dec, _ = self.transformer(img_feat, query_embed, rv_pos, self_attn_mask=self_attn_mask,
+                         query_embed: Tensor, self_attn_mask: Optional[Tensor], cross_attn_bias,
+                         transformer: nn.Module) -> Tensor:
+        outs_dec, _ = transformer(img_feat, query_embed, rv_pos, self_attn_mask=self_attn_mask,
                                        cross_attn_bias=cross_attn_bias)
         return outs_dec

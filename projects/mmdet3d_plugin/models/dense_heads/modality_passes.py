@@ -17,6 +17,14 @@ others are prefixed with their name (``lidar.loss_cls``,
 ``camera.d0.dn_loss_bbox``, ...). Inference decodes the fused pass only.
 The default ``('fused',)`` is plain CMT: same parameters, same outputs.
 
+With ``pass_decoders='separate'`` each single-modality pass has its own
+transformer and task heads (``separate_decoders.<pass>.*``, MoME's
+per-modality experts) instead of sharing the fused pass's; the queries, their
+position embeddings, the token embeddings and the routing stay shared. With
+``lidar_free_pass='camera'`` inference decodes a sample whose point cloud is
+empty (``lidar_free_samples``) with the camera pass instead of the fused one
+(:func:`merge_sample_predictions`): a frame without LiDAR is a camera frame.
+
 A single-modality pass learns nothing from a sample whose input for that
 modality was dropped by ``ModalMask3D`` (``img_metas[i]['dropped_modalities']``):
 such samples take no part in that pass's losses (no target, weight 0), and
@@ -26,12 +34,20 @@ losses are 0 when none did).
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import torch
+from torch import Tensor
+
 from ..aqr.aux_loss import DROPPED_MODALITIES_KEY
 
 #: key of the fused pass's first task dict holding ``{pass name: predictions}`` of the other passes
 PASS_PREDICTIONS_KEY = 'modality_passes'
 #: key of a pass's first task dict holding the per-sample bools of :func:`trained_samples`
 TRAINED_SAMPLES_KEY = 'trained_samples'
+#: ``pass_decoders``: the single-modality passes use the fused pass's decoder, or each its own
+PASS_DECODERS = ('shared', 'separate')
+#: key of an img_meta holding the sample's LiDAR points ``[P, >=3]`` at test time (``CmtDetector.simple_test``
+#: puts them there when the head's ``needs_points_in_metas``)
+LIDAR_POINTS_KEY = 'lidar_points'
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,73 @@ def build_modality_passes(names: Sequence[str], head_name: str, uses_lidar: bool
         raise ValueError(f"{head_name} decodes {tokens} tokens only: its fused pass is its only pass, so "
                          f"modality_passes must be ('fused',), got {tuple(names)}")
     return (FUSED, ) + tuple(MODALITY_PASSES[name] for name in names if name != 'fused')
+
+
+def check_pass_options(passes: Sequence[ModalityPass], pass_decoders: str, lidar_free_pass: Optional[str],
+                       head_name: str) -> Optional[ModalityPass]:
+    """Check ``pass_decoders`` and ``lidar_free_pass`` against the trained passes; return the lidar-free pass.
+
+    Args:
+        passes (Sequence[ModalityPass]): the head's passes, fused first.
+        pass_decoders (str): one of :data:`PASS_DECODERS`.
+        lidar_free_pass (str, optional): the pass that decodes samples
+            without LiDAR points at inference (a trained pass without BEV keys).
+        head_name (str): the head's class name, for the error messages.
+
+    Returns:
+        ModalityPass | None: the pass named by ``lidar_free_pass``.
+    """
+    names = tuple(modality_pass.name for modality_pass in passes)
+    if pass_decoders not in PASS_DECODERS:
+        raise ValueError(f'{head_name}: pass_decoders must be one of {PASS_DECODERS}, got {pass_decoders!r}')
+    if pass_decoders == 'separate' and len(passes) == 1:
+        raise ValueError(f"{head_name}: pass_decoders='separate' gives each single-modality pass its own decoder, "
+                         f"but modality_passes {names} has none; add e.g. 'camera'")
+    if lidar_free_pass is None:
+        return None
+    if lidar_free_pass not in names[1:]:
+        raise ValueError(f'{head_name}: lidar_free_pass={lidar_free_pass!r} must be one of the trained '
+                         f'single-modality passes, modality_passes={names}')
+    chosen = MODALITY_PASSES[lidar_free_pass]
+    if chosen.uses_lidar:
+        raise ValueError(f'{head_name}: lidar_free_pass={lidar_free_pass!r} decodes BEV tokens; a sample '
+                         f'without LiDAR points needs a pass without them (camera)')
+    return chosen
+
+
+def lidar_free_samples(img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
+    """Per sample, whether its point cloud (``img_metas[i][LIDAR_POINTS_KEY]``) is empty."""
+    free = []
+    for index, meta in enumerate(img_metas):
+        if LIDAR_POINTS_KEY not in meta:
+            raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': lidar_free_pass reads the sample's "
+                           f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
+        free.append(len(meta[LIDAR_POINTS_KEY]) == 0)
+    return tuple(free)
+
+
+def merge_sample_predictions(fused: Sequence[List[dict]], other: Sequence[List[dict]],
+                             take_other: Tensor) -> Tuple[List[dict], ...]:
+    """The fused pass's predictions with some samples' taken from another pass.
+
+    Args:
+        fused (Sequence[list[dict]]): per task ``[dict]`` of ``[L, bs, Q, .]`` tensors.
+        other (Sequence[list[dict]]): the other pass's, same layout.
+        take_other (Tensor): ``[bs]`` bool, the samples to take from ``other``.
+
+    Returns:
+        tuple[list[dict]]: per task ``[dict]``: ``other``'s tensors where
+        ``take_other``, the fused ones elsewhere; the fused dict's other entries.
+    """
+    merged = []
+    for fused_task, other_task in zip(fused, other):
+        task = dict(fused_task[0])
+        for key, value in other_task[0].items():
+            if isinstance(value, Tensor):
+                take = take_other.view(1, -1, *([1] * (value.dim() - 2)))
+                task[key] = torch.where(take, value, task[key])
+        merged.append([task])
+    return tuple(merged)
 
 
 def trained_samples(modality_pass: ModalityPass, img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:

@@ -31,7 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...attention.backends.exact_rows import pop_inexact_rows
 from ...core.host_data import permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
-from ..dense_heads.aqr_routing import ORACLE_POINTS_KEY
+from ..dense_heads.modality_passes import LIDAR_POINTS_KEY
 from ..utils.grid_mask import GridMask
 from ..utils.spconv_voxelize import SPConvVoxelization
 
@@ -315,8 +315,9 @@ class CmtDetector(MVXTwoStageDetector):
         img_feats, pts_feats = self.extract_feat(points, img=img, img_metas=img_metas)
         if getattr(self.pts_bbox_head, 'needs_points_in_metas', False):
             if points is None:
-                raise ValueError('oracle routing (test_cfg aqr_routing=oracle) needs the LiDAR points')
-            img_metas = [dict(meta, **{ORACLE_POINTS_KEY: sample_points[:, :3]})
+                raise ValueError(f'{type(self.pts_bbox_head).__name__} reads each sample\'s LiDAR points at test time '
+                                 f'(oracle routing, lidar_free_pass), but no points were given')
+            img_metas = [dict(meta, **{LIDAR_POINTS_KEY: sample_points[:, :3]})
                          for meta, sample_points in zip(img_metas, points)]
         bbox_pts = self.simple_test_pts(pts_feats, img_feats, img_metas, rescale=rescale)
         return [dict(pts_bbox=result) for result in bbox_pts]
