@@ -298,6 +298,7 @@ def test_aqr_config_trains_with_passes_and_demo_config_only_adds_them(cmt_test_d
     demo = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny_passes.py'))
     base = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny.py'))
     assert tuple(demo.model.pts_bbox_head.pop('modality_passes')) == PASSES
+    assert demo.model.pts_bbox_head.pop('lidar_free_pass') == 'camera'
     assert demo.model == base.model and demo.data == base.data
 
 
