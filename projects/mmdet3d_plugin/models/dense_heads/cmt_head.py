@@ -465,7 +465,10 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
                                     dn_queries)
         lidar_free = () if self.training or self.lidar_free_pass is None else lidar_free_samples(img_metas)
-        passes = self.modality_passes if self.training else (FUSED, ) + ((self.lidar_free_pass, ) * any(lidar_free))
+        if self.training:
+            passes = self.modality_passes
+        else:
+            passes = (FUSED, self.lidar_free_pass) if any(lidar_free) else (FUSED, )
         decoded = [self._decode_pass(modality_pass, routed, bev_pos, rv_pos, query_embed, self_attn_mask,
                                      reference_points, dn_queries, img_metas) for modality_pass in passes]
         preds_dicts = decoded[0]
@@ -474,7 +477,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                                                    torch.tensor(lidar_free, device=reference_points.device))
         if routed.routing is not None:
             preds_dicts[0][0]['aqr_routing'] = routed.routing
-        if len(passes) > 1:
+        if self.training and len(passes) > 1:
             preds_dicts[0][0][PASS_PREDICTIONS_KEY] = {
                 modality_pass.name: pass_preds for modality_pass, pass_preds in zip(passes[1:], decoded[1:])}
         if image_aux is not None and self.training:
