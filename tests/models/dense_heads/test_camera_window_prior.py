@@ -105,8 +105,7 @@ def test_attention_applies_the_structured_bias_exactly(backend, cmt_test_data):
     img_metas = cmt_test_data['make_img_metas'](2)
     query_embed = head.query_pos_embed(head.reference_points.weight[None].expand(2, -1, -1), img_metas)
     rv_pos = head.rv_pos_embed(img, img_metas)
-    bias = head.route_queries(head.reference_points.weight[None].expand(2, -1, -1), query_embed, None, None, img,
-                              rv_pos, img_metas, None).cross_attn_bias
+    bias = head.camera_prior_bias(head.reference_points.weight[None].expand(2, -1, -1), img, img_metas)
     assert bias.num_keys == 2 * 4 * 10 and bias.to_dense().abs().sum() > 0
     structured = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias, head.transformer)
     dense = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias.to_dense(), head.transformer)

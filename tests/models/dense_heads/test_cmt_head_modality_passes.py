@@ -185,6 +185,31 @@ def test_each_pass_attends_to_its_keys_only_with_the_fused_bias_of_them(bias_opt
         assert lidar.abs().sum() > 0 and camera.abs().sum() > 0
 
 
+def test_camera_window_prior_biases_the_camera_pass_only(cmt_test_data, monkeypatch):
+    """With ``camera_window_prior`` the camera pass's queries, DN ones included, get the fixed prior; the fused and
+    LiDAR passes keep the routed bias."""
+    prior = dict(window_size=3, bias=4.0)
+    head = head_cfg(modality_passes=PASSES, camera_window_prior=prior, **AQR).train()
+    assert set(head.state_dict()) == set(head_cfg(modality_passes=PASSES, **AQR).state_dict())
+    recorder = _KeyRecorder(petr_attention.apply_attention)
+    monkeypatch.setattr(petr_attention, 'apply_attention', recorder)
+    bev, img = features()
+    boxes, labels = gts(cmt_test_data)
+    img_metas = cmt_test_data['make_img_metas'](2)
+    preds = head([bev], [img], img_metas, boxes, labels)
+    pad_size = preds[0][0]['dn_queries'].pad_size
+    reference_points = torch.cat([preds[0][0]['dn_queries'].reference_points,
+                                  head.reference_points.weight[None].expand(2, -1, -1)], dim=1)
+    expected = head.camera_prior_bias(reference_points, img, img_metas).to_dense()
+    num_bev = bev.shape[-2] * bev.shape[-1]
+    for layer in range(LAYERS):
+        fused, lidar, camera = (recorder.calls[layer + LAYERS * i][1].to_dense() for i in range(3))
+        torch.testing.assert_close(camera, expected, rtol=0, atol=0)
+        assert camera[..., :pad_size, :].abs().sum() > 0, 'DN queries get the prior too'
+        assert not torch.equal(camera.expand_as(fused[..., num_bev:]), fused[..., num_bev:])
+        assert torch.equal(lidar.expand_as(fused[..., :num_bev]), fused[..., :num_bev])
+
+
 def test_each_pass_has_its_own_named_losses_and_matching(cmt_test_data):
     head = head_cfg(modality_passes=PASSES).train()
     bev, img = features()
@@ -355,6 +380,8 @@ def test_bad_pass_options_raise():
             (dict(pass_decoders='separate'), 'has none'),
             (dict(modality_passes=('fused', 'camera'), lidar_free_pass='lidar'), 'one of the trained'),
             (dict(modality_passes=('fused', 'lidar'), lidar_free_pass='lidar'), 'needs a pass without them'),
+            (dict(modality_passes=('fused', 'lidar'), camera_window_prior=dict(window_size=3, bias=4.0)),
+             "none of modality_passes \\('fused', 'lidar'\\) does; add 'camera'"),
     ):
         with pytest.raises(ValueError, match=message):
             head_cfg(**options)

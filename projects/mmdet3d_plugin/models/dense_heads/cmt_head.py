@@ -13,9 +13,10 @@ feature map, training losses ``image_aux.*``); ``camera_depth_position``
 adds to each camera token's position the ``bev_embedding`` of its pixel
 centre lifted to the aux head's (detached) predicted depth (3DPPE-style), so
 a query whose reference point is near that 3D point matches the token.
-``CmtImageHead``'s ``camera_window_prior`` (:class:`CameraWindowPrior`) gives
-every query a fixed cross-attention bias around its projected camera cell,
-CMT-AQR's local camera bias without a router.
+``camera_window_prior`` (:class:`CameraWindowPrior`) gives every query of a
+pass that decodes camera tokens only (``CmtImageHead``'s one pass, ``CmtHead``'s
+``'camera'`` pass) a fixed cross-attention bias around its projected camera
+cell, CMT-AQR's local camera bias without a router.
 
 Position encodings (sizes always read from the feature maps):
 
@@ -160,6 +161,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             aux head's detached predicted depth (needs ``image_aux_config``
             with a depth branch; the aux head then also runs at test time).
             Default False.
+        camera_window_prior (dict, optional): :class:`CameraWindowPrior`
+            config, e.g. ``dict(window_size=5, bias=4.0)``: every query (DN
+            queries included) of a pass that decodes camera tokens only gets
+            a fixed cross-attention bias, ``bias`` at its reference point's
+            camera cell decaying to 0 at ``window_size / 2`` cells, instead of
+            the routed bias (a single modality leaves nothing to route). No
+            parameters. None (default): the routed bias, if any.
         init_cfg (dict, optional): must be None.
     """
 
@@ -204,6 +212,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  lidar_free_pass: Optional[str] = None,
                  image_aux_config: Optional[dict] = None,
                  camera_depth_position: bool = False,
+                 camera_window_prior: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         reject_renamed_keys(type(self).__name__, HEAD_RENAMED_KEYS, renderer_config=renderer_config,
                             modulator_config=modulator_config, aqr_bias_strength=aqr_bias_strength,
@@ -275,6 +284,18 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         self.init_query_routing(aqr_config, attention_bias_config, modulation, weight_renderer_config,
                                 feature_modulator_config, enable_aqr)
         self._init_camera_aids(image_aux_config, camera_depth_position)
+        self.camera_window_prior = None
+        if camera_window_prior is not None:
+            if not any(self._decodes_camera_only(modality_pass) for modality_pass in self.modality_passes):
+                names = tuple(modality_pass.name for modality_pass in self.modality_passes)
+                raise ValueError(f"{type(self).__name__}: camera_window_prior biases the passes that decode camera "
+                                 f"tokens only, but none of modality_passes {names} does; add 'camera'")
+            self.camera_window_prior = CameraWindowPrior(**camera_window_prior)
+
+    def _decodes_camera_only(self, modality_pass: ModalityPass) -> bool:
+        """Whether ``modality_pass`` of this head decodes camera tokens and no BEV tokens."""
+        return (self.uses_camera and modality_pass.uses_camera
+                and not (self.uses_lidar and modality_pass.uses_lidar))
 
     def _build_task_heads(self, common_heads: dict, separate_head: dict) -> ModuleList:
         """One ``SeparateTaskHead`` per task, its groups one per decoder layer."""
@@ -514,6 +535,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 bev_feat, bev_pos = None, None
             if not modality_pass.uses_camera:
                 img_feat, rv_pos = None, None
+        if self.camera_window_prior is not None and self._decodes_camera_only(modality_pass):
+            bias = self.camera_prior_bias(reference_points, img_feat, img_metas)
         transformer, task_heads = self.transformer, self.task_heads
         if modality_pass.name in self.separate_decoders:
             decoder = self.separate_decoders[modality_pass.name]
@@ -524,6 +547,20 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if modality_pass is not FUSED:
             preds_dicts[0][0][TRAINED_SAMPLES_KEY] = trained_samples(modality_pass, img_metas)
         return preds_dicts
+
+    def camera_prior_bias(self, reference_points: Tensor, img_feat: Tensor, img_metas: Sequence[dict]):
+        """``camera_window_prior``'s bias over the camera keys.
+
+        Args:
+            reference_points (Tensor): ``[bs, P, 3]`` normalised, DN queries first.
+            img_feat (Tensor): ``[bs * N, C, h, w]`` camera memory.
+            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``.
+
+        Returns:
+            AttentionBias: over the ``P`` queries and ``N * h * w`` camera keys.
+        """
+        camera_shape = (img_feat.size(0) // reference_points.size(0), *img_feat.shape[-2:])
+        return self.camera_window_prior(reference_points, self.pc_range, camera_shape, img_metas)
 
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], preds_dicts: Sequence[List[dict]],
              gt_num_points: Optional[Sequence[Tensor]] = None) -> Dict[str, Tensor]:
@@ -634,45 +671,11 @@ class CmtLidarHead(CmtHead):
 class CmtImageHead(CmtHead):
     """Camera-only head: queries attend to camera tokens; no ``shared_conv``.
 
-    Args:
-        *args, **kwargs: as :class:`CmtHead`.
-        camera_window_prior (dict, optional): :class:`CameraWindowPrior`
-            config, e.g. ``dict(window_size=5, bias=4.0)``: every query (DN
-            queries included) gets a fixed cross-attention bias, ``bias`` at
-            its reference point's camera cell decaying to 0 at
-            ``window_size / 2`` cells, as CMT-AQR's local camera bias. No
-            parameters. None (default): no bias, the same outputs.
+    Its one pass decodes camera tokens only, so ``camera_window_prior`` (see
+    :class:`CmtHead`) biases it.
     """
 
     uses_lidar = False
-
-    def __init__(self, *args, camera_window_prior: Optional[dict] = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.camera_window_prior = (CameraWindowPrior(**camera_window_prior)
-                                    if camera_window_prior is not None else None)
-
-    def route_queries(self, reference_points: Tensor, query_embed: Tensor, bev_feat: None, bev_pos: None,
-                      img_feat: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
-                      dn_queries: Optional[DenoisingQueries]) -> RoutedInputs:
-        """No routing (AQR needs a fusion head); the cross-attention bias is ``camera_window_prior``'s, if any.
-
-        Args:
-            reference_points (Tensor): ``[bs, P, 3]`` normalised, DN queries first.
-            img_feat (Tensor): ``[bs * N, C, h, w]`` camera memory.
-            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``.
-            Others: as :meth:`CmtHead.route_queries`.
-
-        Returns:
-            RoutedInputs: the features and an ``AttentionBias`` over the
-            ``N * h * w`` camera keys (None without the prior).
-        """
-        routed = super().route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos,
-                                       img_metas, dn_queries)
-        if self.camera_window_prior is None:
-            return routed
-        camera_shape = (img_feat.size(0) // reference_points.size(0), *img_feat.shape[-2:])
-        return routed._replace(
-            cross_attn_bias=self.camera_window_prior(reference_points, self.pc_range, camera_shape, img_metas))
 
     def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> None:
         if pts_feats and pts_feats[0] is not None:
