@@ -1,6 +1,6 @@
 """The end-to-end demo on synthetic nuScenes (``make demo``): data → train → official evaluation.
 
-    python tools/demo.py [--model cmt_aqr|cmt|cmt_camera] [--work-dir DIR] [--epochs N]
+    python tools/demo.py [--model cmt_aqr|cmt_aqr_fused|cmt|cmt_camera] [--work-dir DIR] [--epochs N]
 
 Steps, each printed as it starts and skipped when its output is already there
 (so a second run, or a run after an interruption, continues where it stopped):
@@ -30,7 +30,10 @@ from typing import Dict, List, Optional, Sequence
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
-CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py',
+# cmt_aqr: CMT-AQR with a camera decoding pass (its cameras detect alone); cmt_aqr_fused: the same detector
+# decoding the fused pass only (the robustness study's stage-1 base).
+CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny_passes.py',
+               cmt_aqr_fused='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py',
                cmt_camera='configs/demo/cmt_camera_synthetic_tiny.py')
 # v1.0-trainval: its official scene names allow more than the 10 scenes of v1.0-mini.
 DEMO_VERSION = 'v1.0-trainval'
@@ -43,7 +46,8 @@ SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Synthetic nuScenes demo: generate, train, evaluate')
     parser.add_argument('--model', choices=sorted(CONFIGS), default='cmt_aqr',
-                        help='cmt_aqr (default), the baseline cmt, or the camera-only cmt_camera, trained on identical data')
+                        help='cmt_aqr (default: CMT-AQR with a camera pass), cmt_aqr_fused (its fused pass only), the '
+                             'baseline cmt, or the camera-only cmt_camera, trained on identical data')
     parser.add_argument('--data-root', default='data/synthetic_nuscenes', help='where the synthetic set is written')
     parser.add_argument('--work-dir', help='logs, checkpoints and metrics (default: work_dirs/demo_<model>)')
     parser.add_argument('--epochs', type=int, help="training epochs (default: the demo config's)")

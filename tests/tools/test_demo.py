@@ -24,7 +24,7 @@ def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '[demo 5/5]' in out and '| mAP |' in out and '| NDS |' in out
     assert (work_dir / 'latest.pth').exists() and (work_dir / 'demo_metrics.md').exists()
-    config_text = (work_dir / 'cmt_aqr_synthetic_tiny.py').read_text()
+    config_text = (work_dir / 'cmt_aqr_synthetic_tiny_passes.py').read_text()
     assert str(data_root) in config_text and 'data/synthetic_nuscenes' not in config_text
     metrics = json.loads(sorted((work_dir / 'trained').glob('eval_*.json'))[-1].read_text())['metrics']
     assert 0.0 <= metrics[demo.METRIC_PREFIX + 'NDS'] <= 1.0

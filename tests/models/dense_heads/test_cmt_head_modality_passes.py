@@ -301,7 +301,7 @@ def test_bad_modality_passes_raise():
         head_cfg('CmtImageHead', 'CmtImageTransformer', modality_passes=('fused', 'camera'))
 
 
-def test_aqr_config_trains_with_passes_and_demo_config_only_adds_them(cmt_test_data):
+def test_aqr_config_trains_with_passes_and_demo_config_only_adds_its_camera_options(cmt_test_data):
     cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
     default_keys = list(build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
                         .state_dict())
@@ -322,9 +322,19 @@ def test_aqr_config_trains_with_passes_and_demo_config_only_adds_them(cmt_test_d
 
     demo = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny_passes.py'))
     base = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'demo', 'cmt_aqr_synthetic_tiny.py'))
-    assert tuple(demo.model.pts_bbox_head.pop('modality_passes')) == PASSES
-    assert demo.model.pts_bbox_head.pop('lidar_free_pass') == 'camera'
-    assert demo.model == base.model and demo.data == base.data
+    head = demo.model.pts_bbox_head
+    added = {key: head.pop(key) for key in ('modality_passes', 'pass_decoders', 'lidar_free_pass',
+                                            'camera_window_prior', 'image_aux_config', 'camera_depth_position')}
+    assert added == dict(modality_passes=('fused', 'camera'), pass_decoders='separate', lidar_free_pass='camera',
+                         camera_window_prior=dict(window_size=5, bias=4.0), image_aux_config=dict(type='ImageAuxHead'),
+                         camera_depth_position=True)
+    assert head.aqr_config.pop('query_loss_weight') == 1.0
+    assert demo.model == base.model
+    masks = [index for index, step in enumerate(demo.data.train.pipeline) if step.type == 'ModalMask3D']
+    assert [demo.data.train.pipeline[index] for index in masks] == [
+        dict(type='ModalMask3D', mode='train', image_drop_prob=0.1)]
+    demo.data.train.pipeline[masks[0]] = dict(type='ModalMask3D', mode='train')
+    assert demo.data == base.data, 'the passes demo differs from the demo in its head and image drop only'
 
 
 def test_separate_decoders_are_their_passes_own(cmt_test_data):
