@@ -55,6 +55,7 @@ from mmdet.models.utils.transformer import inverse_sigmoid
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor, nn
 
+from ...attention import AttentionBias
 from ...core.host_data import device_constant
 from ..aqr.design_note_keys import HEAD_RENAMED_KEYS, reject_renamed_keys
 from ..utils.camera_geometry import invert_lidar2img, lift_pixels, pad_shape_hw, project_to_views, stack_lidar2img
@@ -528,15 +529,16 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             single-modality pass's first task dict adds ``trained_samples``.
         """
         bev_feat, img_feat, bias = routed.bev_feat, routed.img_feat, routed.cross_attn_bias
-        if modality_pass is not FUSED:
+        if self.camera_window_prior is not None and self._decodes_camera_only(modality_pass):
+            bias = self.camera_prior_bias(reference_points, img_feat, img_metas)
+        elif modality_pass is not FUSED:
             num_camera = rv_pos.shape[:3].numel() // query_embed.size(0)  # N * h * w
             bias = restrict_to_keys(bias, *modality_pass.key_range(bev_pos.size(0), num_camera))
+        if modality_pass is not FUSED:
             if not modality_pass.uses_lidar:
                 bev_feat, bev_pos = None, None
             if not modality_pass.uses_camera:
                 img_feat, rv_pos = None, None
-        if self.camera_window_prior is not None and self._decodes_camera_only(modality_pass):
-            bias = self.camera_prior_bias(reference_points, img_feat, img_metas)
         transformer, task_heads = self.transformer, self.task_heads
         if modality_pass.name in self.separate_decoders:
             decoder = self.separate_decoders[modality_pass.name]
@@ -548,7 +550,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             preds_dicts[0][0][TRAINED_SAMPLES_KEY] = trained_samples(modality_pass, img_metas)
         return preds_dicts
 
-    def camera_prior_bias(self, reference_points: Tensor, img_feat: Tensor, img_metas: Sequence[dict]):
+    def camera_prior_bias(self, reference_points: Tensor, img_feat: Tensor,
+                          img_metas: Sequence[dict]) -> AttentionBias:
         """``camera_window_prior``'s bias over the camera keys.
 
         Args:
