@@ -9,7 +9,11 @@ Steps, each printed as it starts and skipped when its output is already there
    (many short scenes, for many different layouts; official v1.0-trainval scene names);
 2. ``tools/create_data.py nuscenes``: info files and the GT database;
 3. ``tools/init_checkpoint.py`` + ``tools/test.py --eval bbox``: the untrained model's metrics;
-4. ``tools/train.py --auto-resume``: trains the tiny model (progress and ETA in the log lines);
+4. ``tools/train.py --auto-resume``: trains the tiny model (progress and ETA in the log lines); a config
+   that sets ``demo_processes = N`` (its recipe written for N processes of ``samples_per_gpu`` samples, as
+   mmdet's ``8x2`` configs) trains, on a machine without a GPU that has N cores, as N data-parallel processes
+   (``torch.distributed.run``, gloo) with the cores split between them (PyTorch's CPU kernels at the demo's
+   sizes keep 2 threads of one process about 1.3 cores busy; see ``--processes``);
 5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
 
 then prints the metrics of both models side by side and where the logs,
@@ -22,10 +26,11 @@ import hashlib
 import json
 import os
 import os.path as osp
+import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -54,6 +59,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--scenes', type=int, default=100, help='synthetic scenes (a fifth of them for validation)')
     parser.add_argument('--samples', type=int, default=2, help='key frames per scene')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
+    parser.add_argument('--processes', type=int,
+                        help="data-parallel training processes, each of the config's samples_per_gpu; default: the "
+                             "config's demo_processes on a machine without a GPU that has as many cores, else 1")
     parser.add_argument('--cfg-options', nargs='+', default=[], help='passed on to tools/train.py and tools/test.py')
     return parser.parse_args(argv)
 
@@ -62,10 +70,12 @@ def banner(step: int, total: int, text: str) -> None:
     print(f'\n[demo {step}/{total}] {text}', flush=True)
 
 
-def run(command: List[str]) -> None:
-    """Run a tool of this repository with the same interpreter; stop the demo naming the step if it fails."""
-    print('  $ ' + ' '.join(command), flush=True)
-    result = subprocess.run([sys.executable] + command, cwd=REPO_ROOT)
+def run(command: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    """Run a tool of this repository with the same interpreter (and ``env`` added to the environment); stop the
+    demo naming the step if it fails."""
+    assignments = [f'{name}={value}' for name, value in (env or {}).items()]
+    print('  $ ' + ' '.join(assignments + command), flush=True)
+    result = subprocess.run([sys.executable] + command, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})))
     if result.returncode != 0:
         raise SystemExit(f'demo stopped: `{" ".join(command)}` exited with code {result.returncode}')
 
@@ -166,6 +176,50 @@ def claim_work_dir(work_dir: str, fingerprint: dict) -> None:
     write_json(stamp, fingerprint)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+
+
+def training_processes(requested: Optional[int], config_processes: int, cores: int, has_gpu: bool) -> int:
+    """How many data-parallel processes train the demo.
+
+    Args:
+        requested (int, optional): ``--processes``; None takes the config's
+            ``config_processes`` on a CPU machine with at least as many cores, else 1.
+        config_processes (int): the config's ``demo_processes`` (1 when it sets none).
+        cores (int): usable CPU cores.
+        has_gpu (bool): whether CUDA is available (then one process drives the GPU).
+    """
+    if requested is None:
+        return config_processes if not has_gpu and cores >= config_processes else 1
+    if requested < 1:
+        raise SystemExit(f'demo stopped: --processes must be >= 1, got {requested}')
+    return requested
+
+
+def free_port() -> int:
+    """A TCP port of this machine that nothing listens on now (the processes' rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def train_command(arguments: List[str], processes: int, cores: int) -> Tuple[List[str], Dict[str, str]]:
+    """The command and environment that run ``tools/train.py arguments`` in ``processes`` processes.
+
+    Several processes run under ``torch.distributed.run`` with the ``pytorch``
+    launcher (gloo without a GPU), each with ``cores // processes`` threads.
+    """
+    if processes == 1:
+        return ['tools/train.py'] + arguments, {}
+    launcher = ['-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node', str(processes),
+                '--master_addr', '127.0.0.1', '--master_port', str(free_port())]
+    threads = str(max(1, cores // processes))
+    return launcher + ['tools/train.py', '--launcher', 'pytorch'] + arguments, dict(OMP_NUM_THREADS=threads,
+                                                                                 MKL_NUM_THREADS=threads)
+
+
 def run_fingerprint(cfg, args: argparse.Namespace) -> dict:
     """What a work dir's checkpoints depend on: the whole config and the dataset stamp."""
     config = json.dumps(cfg._cfg_dict.to_dict(), sort_keys=True, default=str)
@@ -183,6 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for folder in (work_dir, args.data_root):
         os.makedirs(osp.join(REPO_ROOT, folder), exist_ok=True)
     cfg = demo_config(args.model, args.data_root)
+    import torch
+    cores = usable_cores()
+    processes = training_processes(args.processes, cfg.get('demo_processes', 1), cores, torch.cuda.is_available())
     claim_work_dir(work_dir, run_fingerprint(cfg, args))
     config = osp.join(work_dir, osp.basename(CONFIGS[args.model]))
     cfg.dump(osp.join(REPO_ROOT, config))
@@ -199,10 +256,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     else:
         banner(3, total, f'untrained model already evaluated ({untrained_dir})')
 
-    banner(4, total, f'training {CONFIGS[args.model]} (resumes from {work_dir}/latest.pth if a previous run stopped)')
+    banner(4, total, f'training {CONFIGS[args.model]} (resumes from {work_dir}/latest.pth if a previous run stopped)'
+           + (f' in {processes} processes of {cfg.data.samples_per_gpu} samples each' if processes > 1 else ''))
     train_start = time.time()
-    run(['tools/train.py', config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
-         str(args.seed)] + (['--cfg-options'] + train_options if train_options else []))
+    run(*train_command([config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed', str(args.seed)]
+                       + (['--cfg-options'] + train_options if train_options else []), processes, cores))
     train_minutes = (time.time() - train_start) / 60
 
     banner(5, total, 'evaluating the trained model with the nuScenes devkit')

@@ -47,3 +47,33 @@ def test_demo_refuses_a_work_dir_of_an_unmarked_earlier_run(tmp_path):
     with pytest.raises(SystemExit, match='earlier run'):
         demo.main(['--data-root', str(tmp_path / 'data'), '--work-dir', str(work_dir)])
     assert list((tmp_path / 'data').iterdir()) == []  # nothing generated
+
+
+@pytest.mark.parametrize('requested, config_processes, cores, has_gpu, expected', [
+    (None, 2, 2, False, 2),  # a 2-core laptop: the config's two single-threaded processes
+    (None, 2, 16, False, 2),
+    (None, 1, 16, False, 1),  # a config written for one process
+    (None, 2, 1, False, 1),  # one core: nothing to share
+    (None, 2, 8, True, 1),  # one process drives the GPU
+    (1, 2, 8, False, 1),
+    (3, 2, 1, False, 3),
+])
+def test_training_processes_follow_the_config_on_cpu_machines_only(requested, config_processes, cores, has_gpu,
+                                                                   expected):
+    assert demo.training_processes(requested, config_processes, cores, has_gpu) == expected
+
+
+def test_training_processes_refuse_a_count_below_one():
+    with pytest.raises(SystemExit, match='--processes must be >= 1'):
+        demo.training_processes(0, 2, 8, False)
+
+
+def test_train_command_launches_data_parallel_processes_with_the_cores_split_between_them():
+    arguments = ['cfg.py', '--work-dir', 'w']
+    assert demo.train_command(arguments, 1, 8) == (['tools/train.py'] + arguments, {})
+    command, env = demo.train_command(arguments, 2, 8)
+    assert command[:2] == ['-m', 'torch.distributed.run']
+    assert command[command.index('--nproc_per_node') + 1] == '2'
+    assert command[command.index('tools/train.py'):] == ['tools/train.py', '--launcher', 'pytorch'] + arguments
+    assert env == dict(OMP_NUM_THREADS='4', MKL_NUM_THREADS='4')
+    assert demo.train_command(arguments, 2, 3)[1]['OMP_NUM_THREADS'] == '1'

@@ -10,7 +10,7 @@ from mmdet3d.models import build_model
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
-from projects.mmdet3d_plugin.models.dense_heads.modality_passes import PASS_PREDICTIONS_KEY
+from projects.mmdet3d_plugin.models.dense_heads.modality_passes import PASS_PREDICTIONS_KEY, blank_camera_views
 from projects.mmdet3d_plugin.models.utils import petr_attention
 from test_cmt_head import LAYERS, features, head_cfg
 
@@ -384,12 +384,88 @@ def test_lidar_free_pass_decodes_the_samples_without_points(pass_decoders, cmt_t
         head([bev], [img], cmt_test_data['make_img_metas'](2))
 
 
+def test_camera_free_pass_decodes_the_samples_whose_cameras_are_blank_and_lidar_free_pass_the_others(
+        cmt_test_data):
+    head = head_cfg(modality_passes=PASSES, pass_decoders='separate', lidar_free_pass='camera',
+                    camera_free_pass='lidar', **AQR).eval()
+    assert head.needs_blank_views_in_metas and not head_cfg(modality_passes=PASSES).needs_blank_views_in_metas
+    bev, img = features()
+    num_views = img.size(0) // 2
+
+    def cls_logits(num_points, blank):
+        img_metas = [dict(meta, lidar_points=torch.zeros(count, 3), blank_views=torch.full((num_views, ), flag))
+                     for meta, count, flag in zip(cmt_test_data['make_img_metas'](2), num_points, blank)]
+        with torch.no_grad():
+            preds = head([bev], [img], img_metas)
+        return torch.cat([task[0]['cls_logits'] for task in preds], dim=-1)  # [L, bs, Q, classes]
+
+    fused = cls_logits((5, 7), (False, False))
+    lidar = cls_logits((5, 7), (True, True))
+    camera = cls_logits((0, 0), (False, False))
+    assert not torch.allclose(lidar, fused) and not torch.allclose(lidar, camera)
+    # sample 0 has no points, sample 1 blank cameras: each goes to the pass of the sensor it still has
+    mixed = cls_logits((0, 7), (False, True))
+    torch.testing.assert_close(mixed[:, 0], camera[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(mixed[:, 1], lidar[:, 1], rtol=0, atol=0)
+    # one blank view of several is not a camera-free frame; a frame with neither sensor keeps the fused pass
+    img_metas = cmt_test_data['make_img_metas'](2)
+    partly = [dict(meta, lidar_points=torch.zeros(count, 3), blank_views=torch.arange(num_views) == 0)
+              for meta, count in zip(img_metas, (5, 0))]
+    partly[1]['blank_views'] = torch.ones(num_views, dtype=torch.bool)
+    with torch.no_grad():
+        preds = torch.cat([task[0]['cls_logits'] for task in head([bev], [img], partly)], dim=-1)
+    torch.testing.assert_close(preds, fused, rtol=0, atol=0)
+    with pytest.raises(KeyError, match="no 'blank_views'"):
+        head([bev], [img], [dict(meta, lidar_points=torch.zeros(5, 3)) for meta in img_metas])
+
+
+def test_detector_tells_the_head_which_camera_images_are_blank(cmt_test_data, monkeypatch):
+    cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
+    cfg.model.pts_bbox_head.update(modality_passes=PASSES, camera_free_pass='lidar')
+    model = build_model(cfg.model, test_cfg=cfg.get('test_cfg'))
+    model.init_weights()
+    data = cmt_test_data['random_batch']((2, 1))
+    img = data['img'].clone()
+    img[1] = 0.0  # the second sample's cameras are black (after normalisation: one value per channel)
+    img[1, :, 1] = -1.5
+    seen = []
+    forward = model.pts_bbox_head.forward
+    monkeypatch.setattr(model.pts_bbox_head, 'forward',
+                        lambda pts, imgs, img_metas, *args: seen.append(img_metas) or forward(pts, imgs, img_metas))
+    model.eval()
+    with torch.no_grad():
+        results = model.forward(return_loss=False, img_metas=[data['img_metas']], points=[data['points']],
+                                img=[img])
+    assert len(results) == 2 and 'blank_views' not in data['img_metas'][0], 'the caller\'s metas unchanged'
+    assert [meta['blank_views'].tolist() for meta in seen[0]] == [[False] * img.size(1), [True] * img.size(1)]
+    with pytest.raises(ValueError, match='no images were given'):
+        model.simple_test(data['points'], data['img_metas'], img=None)
+
+
+def test_blank_camera_views_are_the_views_whose_unpadded_pixels_are_all_equal():
+    img = torch.rand(2, 3, 3, 8, 12)
+    img[0, 1] = -2.1  # a black frame after normalisation: one value per channel
+    img[0, 1, 1] = 0.3
+    img[1, 2, :, :6, :10] = 0.5  # blank inside img_shape; the padding (zeros, or anything) does not count
+    img[1, 0, :, :6, :10] = 0.5
+    img[1, 0, 0, 5, 9] = 0.6  # one pixel differs
+    img_metas = [dict(img_shape=[(8, 12, 3)] * 3), dict(img_shape=[(6, 10, 3)] * 3)]
+    blank = blank_camera_views(img, img_metas)
+    assert blank.tolist() == [[False, True, False], [False, False, True]]
+    assert blank_camera_views(img.flatten(0, 1), img_metas).tolist() == blank.tolist()
+    assert blank_camera_views(img, [dict(img_shape=(6, 10, 3))] * 2)[1].tolist() == [False, False, True]
+
+
 def test_bad_pass_options_raise():
     for options, message in (
             (dict(pass_decoders='own'), "pass_decoders must be one of \\('shared', 'separate'\\)"),
             (dict(pass_decoders='separate'), 'has none'),
             (dict(modality_passes=('fused', 'camera'), lidar_free_pass='lidar'), 'one of the trained'),
             (dict(modality_passes=('fused', 'lidar'), lidar_free_pass='lidar'), 'needs a pass without them'),
+            (dict(modality_passes=('fused', 'camera'), camera_free_pass='lidar'),
+             "camera_free_pass='lidar' must be one of the trained"),
+            (dict(modality_passes=('fused', 'camera'), camera_free_pass='camera'),
+             "camera_free_pass='camera' decodes camera tokens"),
             (dict(modality_passes=('fused', 'lidar'), camera_window_prior=dict(window_size=3, bias=4.0)),
              "none of modality_passes \\('fused', 'lidar'\\) does; add 'camera'"),
     ):

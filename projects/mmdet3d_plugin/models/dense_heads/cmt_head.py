@@ -69,7 +69,7 @@ from .cmt_head_loss import CmtHeadLossMixin
 from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX
 from .key_range_bias import restrict_to_keys
 from .modality_passes import (FUSED, PASS_PREDICTIONS_KEY, TRAINED_SAMPLES_KEY, ModalityPass, build_modality_passes,
-                              check_pass_options, lidar_free_samples, merge_sample_predictions,
+                              camera_free_samples, check_pass_options, lidar_free_samples, merge_sample_predictions,
                               trained_samples)
 
 NUSCENES_TASKS = (
@@ -152,6 +152,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             without BEV keys (``'camera'``) that decodes, at inference, the
             samples whose point cloud is empty; the others keep the fused
             pass. None (default): the fused pass decodes every sample.
+        camera_free_pass (str, optional): a trained single-modality pass
+            without camera keys (``'lidar'``) that decodes, at inference, the
+            samples whose camera images are all blank (every pixel of each
+            view equal, a black frame); a sample without LiDAR points too keeps
+            the fused pass. None (default): no such fallback.
         image_aux_config (dict, optional): ``ImageAuxHead`` config (its
             ``in_channels`` and ``num_classes`` are set from ``hidden_dim`` and
             the tasks); adds the ``image_aux.loss_heatmap`` /
@@ -211,6 +216,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  modality_passes: Sequence[str] = ('fused', ),
                  pass_decoders: str = 'shared',
                  lidar_free_pass: Optional[str] = None,
+                 camera_free_pass: Optional[str] = None,
                  image_aux_config: Optional[dict] = None,
                  camera_depth_position: bool = False,
                  camera_window_prior: Optional[dict] = None,
@@ -248,8 +254,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         self.fp16_enabled = False
         self.modality_passes = build_modality_passes(modality_passes, type(self).__name__, self.uses_lidar,
                                                      self.uses_camera)
-        self.lidar_free_pass = check_pass_options(self.modality_passes, pass_decoders, lidar_free_pass,
-                                                  type(self).__name__)
+        self.lidar_free_pass, self.camera_free_pass = check_pass_options(
+            self.modality_passes, pass_decoders, lidar_free_pass, camera_free_pass, type(self).__name__)
 
         self.loss_cls = build_loss(loss_cls)
         self.loss_bbox = build_loss(loss_bbox)
@@ -313,6 +319,12 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         """Whether the detector must put each sample's points in its img_meta at test time (oracle routing, or
         ``lidar_free_pass`` telling the samples without LiDAR)."""
         return super().needs_points_in_metas or self.lidar_free_pass is not None
+
+    @property
+    def needs_blank_views_in_metas(self) -> bool:
+        """Whether the detector must put, at test time, which camera images are blank in each img_meta
+        (``camera_free_pass`` telling the samples without cameras)."""
+        return self.camera_free_pass is not None
 
     def _init_camera_aids(self, image_aux_config: Optional[dict], camera_depth_position: bool) -> None:
         """Build the optional :class:`ImageAuxHead` and check ``camera_depth_position`` against it."""
@@ -453,8 +465,9 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             in this layout, whose first task's dict adds ``trained_samples``
             (per sample, whether the pass's input was there); with an
             ``ImageAuxHead``, in training it holds ``image_aux``
-            (:class:`ImageAuxOutputs`). At inference with ``lidar_free_pass``,
-            the samples without LiDAR points hold that pass's predictions.
+            (:class:`ImageAuxOutputs`). At inference with ``lidar_free_pass``
+            (``camera_free_pass``), the samples without LiDAR points (with
+            blank cameras) hold that pass's predictions.
         """
         bev_feat = self._bev_input(pts_feats)
         img_feat = self._camera_input(img_feats)
@@ -486,17 +499,14 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         rv_pos = self.rv_pos_embed(img_feat, img_metas, token_depth) if img_feat is not None else None
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
                                     dn_queries)
-        lidar_free = () if self.training or self.lidar_free_pass is None else lidar_free_samples(img_metas)
-        if self.training:
-            passes = self.modality_passes
-        else:
-            passes = (FUSED, self.lidar_free_pass) if any(lidar_free) else (FUSED, )
+        fallbacks = () if self.training else self._fallback_passes(img_metas)
+        passes = self.modality_passes if self.training else (FUSED, ) + tuple(pass_ for pass_, _ in fallbacks)
         decoded = [self._decode_pass(modality_pass, routed, bev_pos, rv_pos, query_embed, self_attn_mask,
                                      reference_points, dn_queries, img_metas) for modality_pass in passes]
         preds_dicts = decoded[0]
-        if not self.training and len(passes) > 1:
-            preds_dicts = merge_sample_predictions(preds_dicts, decoded[1],
-                                                   torch.tensor(lidar_free, device=reference_points.device))
+        for (_, samples), pass_preds in zip(fallbacks, decoded[1:]):
+            preds_dicts = merge_sample_predictions(preds_dicts, pass_preds,
+                                                   torch.tensor(samples, device=reference_points.device))
         if routed.routing is not None:
             preds_dicts[0][0]['aqr_routing'] = routed.routing
         if self.training and len(passes) > 1:
@@ -505,6 +515,21 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if image_aux is not None and self.training:
             preds_dicts[0][0][IMAGE_AUX_KEY] = image_aux
         return preds_dicts
+
+    def _fallback_passes(self, img_metas: Sequence[dict]) -> Tuple[Tuple[ModalityPass, Tuple[bool, ...]], ...]:
+        """The inference passes besides the fused one, each with the samples it decodes: ``lidar_free_pass`` those
+        without LiDAR points, ``camera_free_pass`` those whose camera images are all blank; a sample without
+        either keeps the fused pass. Only passes that take a sample are listed."""
+        nothing = (False, ) * len(img_metas)
+        lidar_free = nothing if self.lidar_free_pass is None else lidar_free_samples(img_metas)
+        camera_free = nothing if self.camera_free_pass is None else camera_free_samples(img_metas)
+        fallbacks = []
+        for modality_pass, lost, other in ((self.lidar_free_pass, lidar_free, camera_free),
+                                           (self.camera_free_pass, camera_free, lidar_free)):
+            samples = tuple(free and not both for free, both in zip(lost, other))
+            if modality_pass is not None and any(samples):
+                fallbacks.append((modality_pass, samples))
+        return tuple(fallbacks)
 
     def _decode_pass(self, modality_pass: ModalityPass, routed: RoutedInputs, bev_pos: Optional[Tensor],
                      rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],

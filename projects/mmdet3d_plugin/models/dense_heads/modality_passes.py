@@ -24,6 +24,9 @@ position embeddings, the token embeddings and the routing stay shared. With
 ``lidar_free_pass='camera'`` inference decodes a sample whose point cloud is
 empty (``lidar_free_samples``) with the camera pass instead of the fused one
 (:func:`merge_sample_predictions`): a frame without LiDAR is a camera frame.
+Symmetrically, ``camera_free_pass='lidar'`` decodes a sample whose every camera
+image is blank (``camera_free_samples``: all pixels of the view equal, as a
+black frame) with the LiDAR pass. A sample without either keeps the fused pass.
 
 A single-modality pass learns nothing from a sample whose input for that
 modality was dropped by ``ModalMask3D`` (``img_metas[i]['dropped_modalities']``):
@@ -32,7 +35,7 @@ such samples take no part in that pass's losses (no target, weight 0), and
 losses are 0 when none did).
 """
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -48,6 +51,9 @@ PASS_DECODERS = ('shared', 'separate')
 #: key of an img_meta holding the sample's LiDAR points ``[P, >=3]`` at test time (``CmtDetector.simple_test``
 #: puts them there when the head's ``needs_points_in_metas``)
 LIDAR_POINTS_KEY = 'lidar_points'
+#: key of an img_meta holding ``[N]`` bools at test time, per camera view whether its image is blank
+#: (``CmtDetector.simple_test`` puts them there when the head's ``needs_blank_views_in_metas``)
+BLANK_VIEWS_KEY = 'blank_views'
 
 
 @dataclass(frozen=True)
@@ -119,18 +125,21 @@ def build_modality_passes(names: Sequence[str], head_name: str, uses_lidar: bool
 
 
 def check_pass_options(passes: Sequence[ModalityPass], pass_decoders: str, lidar_free_pass: Optional[str],
-                       head_name: str) -> Optional[ModalityPass]:
-    """Check ``pass_decoders`` and ``lidar_free_pass`` against the trained passes; return the lidar-free pass.
+                       camera_free_pass: Optional[str], head_name: str) -> Tuple[Optional[ModalityPass], ...]:
+    """Check ``pass_decoders`` and the fallback passes against the trained passes; return the fallback passes.
 
     Args:
         passes (Sequence[ModalityPass]): the head's passes, fused first.
         pass_decoders (str): one of :data:`PASS_DECODERS`.
         lidar_free_pass (str, optional): the pass that decodes samples
             without LiDAR points at inference (a trained pass without BEV keys).
+        camera_free_pass (str, optional): the pass that decodes samples whose
+            camera images are all blank (a trained pass without camera keys).
         head_name (str): the head's class name, for the error messages.
 
     Returns:
-        ModalityPass | None: the pass named by ``lidar_free_pass``.
+        tuple[ModalityPass | None, ModalityPass | None]: the passes named by
+        ``lidar_free_pass`` and ``camera_free_pass``.
     """
     names = tuple(modality_pass.name for modality_pass in passes)
     if pass_decoders not in PASS_DECODERS:
@@ -138,27 +147,67 @@ def check_pass_options(passes: Sequence[ModalityPass], pass_decoders: str, lidar
     if pass_decoders == 'separate' and len(passes) == 1:
         raise ValueError(f"{head_name}: pass_decoders='separate' gives each single-modality pass its own decoder, "
                          f"but modality_passes {names} has none; add e.g. 'camera'")
-    if lidar_free_pass is None:
-        return None
-    if lidar_free_pass not in names[1:]:
-        raise ValueError(f'{head_name}: lidar_free_pass={lidar_free_pass!r} must be one of the trained '
-                         f'single-modality passes, modality_passes={names}')
-    chosen = MODALITY_PASSES[lidar_free_pass]
-    if chosen.uses_lidar:
-        raise ValueError(f'{head_name}: lidar_free_pass={lidar_free_pass!r} decodes BEV tokens; a sample '
-                         f'without LiDAR points needs a pass without them (camera)')
-    return chosen
+    chosen = []
+    for option, name, lost, kept in (('lidar_free_pass', lidar_free_pass, 'lidar', 'camera'),
+                                     ('camera_free_pass', camera_free_pass, 'camera', 'lidar')):
+        if name is None:
+            chosen.append(None)
+            continue
+        if name not in names[1:]:
+            raise ValueError(f'{head_name}: {option}={name!r} must be one of the trained single-modality passes, '
+                             f'modality_passes={names}')
+        if MODALITY_PASSES[name] is not MODALITY_PASSES[kept]:
+            raise ValueError(f'{head_name}: {option}={name!r} decodes {lost} tokens; a sample without {lost} '
+                             f'input needs a pass without them ({kept!r})')
+        chosen.append(MODALITY_PASSES[name])
+    return tuple(chosen)
+
+
+def _samples_without(img_metas: Sequence[Mapping], key: str, option: str, what: str,
+                     is_missing: Callable[[object], bool]) -> Tuple[bool, ...]:
+    """Per sample, ``is_missing(img_metas[i][key])``; a ``KeyError`` naming ``option`` where ``key`` is absent."""
+    missing = []
+    for index, meta in enumerate(img_metas):
+        if key not in meta:
+            raise KeyError(f"img_metas[{index}] has no '{key}': {option} reads {what} there "
+                           f"(CmtDetector.simple_test puts them when the head asks)")
+        missing.append(bool(is_missing(meta[key])))
+    return tuple(missing)
 
 
 def lidar_free_samples(img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
     """Per sample, whether its point cloud (``img_metas[i][LIDAR_POINTS_KEY]``) is empty."""
-    free = []
-    for index, meta in enumerate(img_metas):
-        if LIDAR_POINTS_KEY not in meta:
-            raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': lidar_free_pass reads the sample's "
-                           f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
-        free.append(len(meta[LIDAR_POINTS_KEY]) == 0)
-    return tuple(free)
+    return _samples_without(img_metas, LIDAR_POINTS_KEY, 'lidar_free_pass', "the sample's LiDAR points",
+                            lambda points: len(points) == 0)
+
+
+def blank_camera_views(img: Tensor, img_metas: Sequence[Mapping]) -> Tensor:
+    """Per sample and view, whether the image is blank: all its pixels (inside ``img_shape``, before padding) equal.
+
+    Args:
+        img (Tensor): ``[bs, N, C, H, W]`` (or ``[bs * N, C, H, W]``) camera images.
+        img_metas (Sequence[Mapping]): per sample; ``img_shape`` ``(h, w, ...)``
+            or one such tuple per view (the area of the view that is not padding).
+
+    Returns:
+        Tensor: ``[bs, N]`` bool.
+    """
+    batch_size = len(img_metas)
+    views = img.reshape(batch_size, -1, *img.shape[-3:])
+    blank = torch.zeros(views.shape[:2], dtype=torch.bool, device=img.device)
+    for sample, meta in enumerate(img_metas):
+        shapes = meta.get('img_shape', views.shape[-2:])
+        for view in range(views.size(1)):
+            height, width = (shapes[view] if isinstance(shapes[0], (tuple, list)) else shapes)[:2]
+            pixels = views[sample, view, :, :int(height), :int(width)].flatten(1)
+            blank[sample, view] = bool((pixels == pixels[:, :1]).all())
+    return blank
+
+
+def camera_free_samples(img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
+    """Per sample, whether every camera image is blank (``img_metas[i][BLANK_VIEWS_KEY]``)."""
+    return _samples_without(img_metas, BLANK_VIEWS_KEY, 'camera_free_pass', 'which camera images are blank',
+                            lambda blank: torch.as_tensor(blank).all())
 
 
 def merge_sample_predictions(fused: Sequence[List[dict]], other: Sequence[List[dict]],

@@ -31,7 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...attention.backends.exact_rows import pop_inexact_rows
 from ...core.host_data import permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
-from ..dense_heads.modality_passes import LIDAR_POINTS_KEY
+from ..dense_heads.modality_passes import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY, blank_camera_views
 from ..utils.grid_mask import GridMask
 from ..utils.spconv_voxelize import SPConvVoxelization
 
@@ -319,6 +319,12 @@ class CmtDetector(MVXTwoStageDetector):
                                  f'(oracle routing, lidar_free_pass), but no points were given')
             img_metas = [dict(meta, **{LIDAR_POINTS_KEY: sample_points[:, :3]})
                          for meta, sample_points in zip(img_metas, points)]
+        if getattr(self.pts_bbox_head, 'needs_blank_views_in_metas', False):
+            if img is None:
+                raise ValueError(f'{type(self.pts_bbox_head).__name__} reads at test time which camera images are '
+                                 f'blank (camera_free_pass), but no images were given')
+            img_metas = [dict(meta, **{BLANK_VIEWS_KEY: blank})
+                         for meta, blank in zip(img_metas, blank_camera_views(img, img_metas))]
         bbox_pts = self.simple_test_pts(pts_feats, img_feats, img_metas, rescale=rescale)
         return [dict(pts_bbox=result) for result in bbox_pts]
 
