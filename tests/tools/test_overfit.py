@@ -71,5 +71,7 @@ def test_cmt_aqr_memorises_two_samples(near_objects_set, tools_cli, tmp_path):
 
 def test_camera_only_model_memorises_two_samples(near_objects_set, tools_cli, tmp_path):
     """The camera branch alone (images only, no LiDAR loaded) localises the objects of the two samples."""
-    scores = memorise_and_evaluate(tools_cli, near_objects_set, 'demo/cmt_camera_synthetic_tiny.py', str(tmp_path))
+    # 200 iterations suffice (mAP 0.890 measured, 0.5 needed) and keep the suite within its time
+    scores = memorise_and_evaluate(tools_cli, near_objects_set, 'demo/cmt_camera_synthetic_tiny.py', str(tmp_path),
+                                   max_iters=200)
     assert scores['mAP'] > 0.5, scores
