@@ -8,7 +8,6 @@ converted by tools/create_data.py. ``tools_cli.tiny_config`` shrinks a repositor
 """
 import os
 import os.path as osp
-import socket
 import subprocess
 from types import SimpleNamespace
 from typing import Dict, Optional, Sequence, Tuple
@@ -17,6 +16,8 @@ import pytest
 import torch
 from mmcv import Config
 
+from tools.demo import free_port
+
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # 25.6 m: a BEV grid divisible by 16 at voxel 0.1 m and 0.2 m (SECOND + FPN stride 2 then upsample 2)
 SMALL_RANGE = [-12.8, -12.8, -5.0, 12.8, 12.8, 3.0]
@@ -24,13 +25,6 @@ IMAGE_AUG = dict(resize_lim=(0.5, 0.5), final_dim=(64, 160), bot_pct_lim=(0.0, 0
                  W=320, rand_flip=True)
 SLIM_IMAGE_CHANNELS = 16
 SYNTHETIC_VERSION = 'v1.0-mini'
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on (for torch.distributed's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 def run(args, timeout=300, env=None) -> str:

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..aqr.aux_loss import DROPPED_MODALITIES_KEY
+from ..aqr.projection import image_sizes_from_metas
 
 #: key of the fused pass's first task dict holding ``{pass name: predictions}`` of the other passes
 PASS_PREDICTIONS_KEY = 'modality_passes'
@@ -156,7 +157,7 @@ def check_pass_options(passes: Sequence[ModalityPass], pass_decoders: str, lidar
         if name not in names[1:]:
             raise ValueError(f'{head_name}: {option}={name!r} must be one of the trained single-modality passes, '
                              f'modality_passes={names}')
-        if MODALITY_PASSES[name] is not MODALITY_PASSES[kept]:
+        if name != kept:
             raise ValueError(f'{head_name}: {option}={name!r} decodes {lost} tokens; a sample without {lost} '
                              f'input needs a pass without them ({kept!r})')
         chosen.append(MODALITY_PASSES[name])
@@ -187,21 +188,20 @@ def blank_camera_views(img: Tensor, img_metas: Sequence[Mapping]) -> Tensor:
     Args:
         img (Tensor): ``[bs, N, C, H, W]`` (or ``[bs * N, C, H, W]``) camera images.
         img_metas (Sequence[Mapping]): per sample; ``img_shape`` ``(h, w, ...)``
-            or one such tuple per view (the area of the view that is not padding).
+            or one such tuple per view (the area of the view that is not padding;
+            read as :func:`image_sizes_from_metas` reads it).
 
     Returns:
-        Tensor: ``[bs, N]`` bool.
+        Tensor: ``[bs, N]`` bool, on ``img``'s device (no host synchronisation).
     """
-    batch_size = len(img_metas)
-    views = img.reshape(batch_size, -1, *img.shape[-3:])
-    blank = torch.zeros(views.shape[:2], dtype=torch.bool, device=img.device)
-    for sample, meta in enumerate(img_metas):
-        shapes = meta.get('img_shape', views.shape[-2:])
-        for view in range(views.size(1)):
-            height, width = (shapes[view] if isinstance(shapes[0], (tuple, list)) else shapes)[:2]
-            pixels = views[sample, view, :, :int(height), :int(width)].flatten(1)
-            blank[sample, view] = bool((pixels == pixels[:, :1]).all())
-    return blank
+    views = img.reshape(len(img_metas), -1, *img.shape[-3:])
+    img_hw, _ = image_sizes_from_metas(img_metas, views.size(1), img.device)
+    height, width = views.shape[-2:]
+    inside_rows = torch.arange(height, device=img.device) < img_hw[..., 0, None]  # [bs, N, H]
+    inside_cols = torch.arange(width, device=img.device) < img_hw[..., 1, None]  # [bs, N, W]
+    inside = inside_rows[..., :, None] & inside_cols[..., None, :]
+    same_as_corner = views == views[..., :1, :1]  # the top-left pixel is always inside img_shape
+    return (same_as_corner | ~inside[:, :, None]).flatten(2).all(-1)
 
 
 def camera_free_samples(img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
