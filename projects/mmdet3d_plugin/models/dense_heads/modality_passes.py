@@ -192,7 +192,7 @@ def blank_camera_views(img: Tensor, img_metas: Sequence[Mapping]) -> Tensor:
             read as :func:`image_sizes_from_metas` reads it).
 
     Returns:
-        Tensor: ``[bs, N]`` bool, on ``img``'s device (no host synchronisation).
+        Tensor: ``[bs, N]`` bool, on ``img``'s device.
     """
     views = img.reshape(len(img_metas), -1, *img.shape[-3:])
     img_hw, _ = image_sizes_from_metas(img_metas, views.size(1), img.device)
