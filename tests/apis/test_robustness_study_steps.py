@@ -62,6 +62,7 @@ def _study(tmp_path, tools=None, arms=STUDY_ARMS, **changes):
                            arms)
 
 
+@pytest.mark.slow(seconds=35)
 def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path, capsys):
     study = _study(tmp_path)
     tools = study.tools

@@ -27,6 +27,7 @@ def _table_label(row: str) -> str:
     return '· ' * ((len(row) - len(row.lstrip())) // 2) + row.lstrip()
 
 
+@pytest.mark.slow(seconds=25)
 def test_tiny_benchmark_has_every_row(tmp_path, capsys):
     out = tmp_path / 'bench.json'
     report = benchmark_model.main(['--configs', *DEMO_PAIR, '--tiny', '--pairs', str(PAIRS), '--warmup', '0',

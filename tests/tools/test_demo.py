@@ -16,6 +16,7 @@ def test_metrics_table_lists_summary_metrics_and_class_aps_per_model():
     assert not any('bus' in row or 'mATE' in row for row in table)  # rows nobody reported are left out
 
 
+@pytest.mark.slow(seconds=120)
 def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     data_root, work_dir = tmp_path / 'data', tmp_path / 'work'
     argv = ['--model', 'cmt_aqr', '--data-root', str(data_root), '--work-dir', str(work_dir), '--scenes', '2',

@@ -37,6 +37,7 @@ def _logged_iterations(work_dir) -> list:
     return [entry for entry in map(json.loads, logs[0].read_text().splitlines()[1:]) if entry.get('mode') == 'train']
 
 
+@pytest.mark.slow(seconds=25)
 def test_two_gloo_processes_train_like_one_process_on_the_same_batch(one_sample_config, tools_cli, train_in_process,
                                                                      tmp_path):
     single = train_in_process([one_sample_config, '--work-dir', str(tmp_path / 'single'), '--no-validate'])

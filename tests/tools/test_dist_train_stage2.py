@@ -11,12 +11,14 @@ The model: configs/demo/cmt_aqr_synthetic_tiny_stage2.py with a 16-channel ResNe
 """
 import sys
 
+import pytest
 import torch
 from mmcv import Config
 
 AQR_PREFIXES = tuple(f'pts_bbox_head.{name}.' for name in ('aqr_weight_generator', 'attention_bias_generator'))
 
 
+@pytest.mark.slow(seconds=30)
 def test_two_gloo_processes_train_only_the_aqr_modules_of_the_stage2_config(demo_checkpoint, tools_cli, tmp_path):
     config, checkpoint = demo_checkpoint('cmt_aqr_synthetic_tiny_stage2')
     cfg = Config.fromfile(config)

@@ -63,12 +63,14 @@ def memorise_and_evaluate(tools_cli, data_root: str, base: str, work: str, max_i
     return scores
 
 
+@pytest.mark.slow(seconds=160)
 def test_cmt_aqr_memorises_two_samples(near_objects_set, tools_cli, tmp_path):
     scores = memorise_and_evaluate(tools_cli, near_objects_set, 'demo/cmt_aqr_synthetic_tiny.py', str(tmp_path))
     assert scores['mAP'] > 0.5, scores
     assert scores['mATE'] < 0.35 and scores['mASE'] < 0.2 and scores['mAOE'] < 0.5, scores
 
 
+@pytest.mark.slow(seconds=80)
 def test_camera_only_model_memorises_two_samples(near_objects_set, tools_cli, tmp_path):
     """The camera branch alone (images only, no LiDAR loaded) localises the objects of the two samples."""
     # 200 iterations suffice (mAP 0.890 measured, 0.5 needed) and keep the suite within its time

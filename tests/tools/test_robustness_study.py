@@ -29,6 +29,7 @@ def _weights(path):
     return torch.load(path, map_location='cpu')['state_dict']
 
 
+@pytest.mark.slow(seconds=250)
 def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
     work, data = tmp_path / 'work', tmp_path / 'data'
     argv = ['--quick', '--work-dir', str(work), '--data-root', str(data)]

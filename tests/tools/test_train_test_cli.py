@@ -13,6 +13,7 @@ from mmcv import Config
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
+@pytest.mark.slow(seconds=45)
 def test_dist_train_on_cpu_then_test_with_nuscenes_eval(synthetic_nuscenes, tools_cli, tmp_path):
     config = str(tmp_path / 'cmt_tiny.py')
     tools_cli.tiny_config(synthetic_nuscenes).dump(config)

@@ -59,6 +59,7 @@ def fused_pass_outputs(cmt_test_data, **head_options):
     return outputs
 
 
+@pytest.mark.usefixtures('reference_threads')
 def test_default_passes_leave_outputs_losses_and_gradients_bit_identical(cmt_test_data):
     expected = torch.load(REFERENCE)['cmt']
     actual = fused_pass_outputs(cmt_test_data)

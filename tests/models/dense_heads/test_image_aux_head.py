@@ -31,6 +31,7 @@ def train_losses(head, img_metas, bev=None, img=None):
     return preds, head.loss(boxes, labels, preds)
 
 
+@pytest.mark.usefixtures('reference_threads')
 def test_default_adds_no_parameters_and_leaves_outputs_bit_identical(cmt_test_data):
     explicit = dict(image_aux_config=None, camera_depth_position=False)
     assert list(head_cfg().state_dict()) == list(head_cfg(**explicit).state_dict())
