@@ -17,6 +17,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from tools.demo import usable_cores  # noqa: E402 (needs the repository on sys.path)
+
 
 def threads_per_worker(cores: int, workers: int) -> int:
     """Torch threads for one of ``workers`` test processes sharing ``cores``: at least 1, at most 2."""
@@ -24,7 +26,7 @@ def threads_per_worker(cores: int, workers: int) -> int:
 
 
 _WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
-_THREADS = threads_per_worker(len(os.sched_getaffinity(0)), _WORKERS)
+_THREADS = threads_per_worker(usable_cores(), _WORKERS)
 torch.set_num_threads(_THREADS)
 if _WORKERS > 1:
     os.environ.setdefault('OMP_NUM_THREADS', str(_THREADS))

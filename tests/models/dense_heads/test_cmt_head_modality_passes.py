@@ -7,6 +7,7 @@ import pytest
 import torch
 from mmcv import Config
 from mmdet3d.models import build_model
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
@@ -455,6 +456,14 @@ def test_blank_camera_views_are_the_views_whose_unpadded_pixels_are_all_equal():
     assert blank.tolist() == [[False, True, False], [False, False, True]]
     assert blank_camera_views(img.flatten(0, 1), img_metas).tolist() == blank.tolist()
     assert blank_camera_views(img, [dict(img_shape=(6, 10, 3))] * 2)[1].tolist() == [False, False, True]
+
+
+def test_blank_camera_views_trace_on_fake_cuda():
+    """The detector calls it on the GPU's images: every tensor it makes stays on their device."""
+    img_metas = [dict(img_shape=[(8, 12, 3)] * 3), dict(img_shape=[(6, 10, 3)] * 3)]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        blank = blank_camera_views(torch.zeros(2, 3, 3, 8, 12, device='cuda'), img_metas)
+        assert (blank.shape, blank.dtype, blank.device.type) == ((2, 3), torch.bool, 'cuda')
 
 
 def test_bad_pass_options_raise():
