@@ -15,15 +15,18 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
+from projects.mmdet3d_plugin.models.dense_heads.modality_passes import FusedBlankViews
 
 
-@pytest.mark.parametrize('use_local_bias, modality_passes', [(True, ('fused', )), (False, ('fused', )),
-                                                              (True, ('fused', 'lidar', 'camera'))])
+@pytest.mark.parametrize('use_local_bias, modality_passes, fused_black',
+                         [(True, ('fused', ), False), (False, ('fused', ), False),
+                          (True, ('fused', 'lidar', 'camera'), False), (True, ('fused', 'camera'), True)])
 def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data, use_local_bias, modality_passes,
-                                                                  monkeypatch):
+                                                                  fused_black, monkeypatch):
+    """``fused_black``: the second sample's fused pass sees black views (``fused_image_drop_prob``)."""
     cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
     cfg.model.pts_bbox_head.attention_bias_config.update(use_local_bias=use_local_bias)
-    cfg.model.pts_bbox_head.modality_passes = modality_passes
+    cfg.model.pts_bbox_head.update(modality_passes=modality_passes, fused_image_drop_prob=0.25 if fused_black else 0.0)
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     model.init_weights()
     model.train()
@@ -37,6 +40,10 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
         head = head.to('cuda')
         pts_feats = [f.to('cuda') for f in pts_feats]
         img_feats = [f.to('cuda') for f in img_feats]
+        extra = {}
+        if fused_black:
+            num_views = img_feats[0].size(0) // 2
+            extra = dict(fused_blank_views=FusedBlankViews((False, True), img_feats[0][:num_views] * 0.5))
         checked = [b.to('cuda') for b in boxes], [label.to('cuda') for label in labels]
         monkeypatch.setattr(head, 'gt_boxes_and_labels', lambda *args: checked)
         # torch.autocast turns itself off when built without a CUDA runtime; the fake CUDA tensors need none
@@ -45,7 +52,8 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
             autocast = torch.autocast('cuda', torch.float16)
         with autocast, HostCopyCounter() as host_copies:
             assert torch.is_autocast_enabled('cuda')
-            outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'])
+            outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'],
+                           **extra)
         # img_metas come to the device through pinned memory, constants from the per-device cache
         assert host_copies.copies == [], 'blocking host-to-device copies (stream synchronisations on a GPU)'
         task = outputs[0][0]

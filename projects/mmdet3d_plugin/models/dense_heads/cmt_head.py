@@ -66,11 +66,12 @@ from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, de
 from .aqr_routing import AQRRoutingMixin, RoutedInputs, routing_of
 from .camera_window_prior import CameraWindowPrior
 from .cmt_head_loss import CmtHeadLossMixin
-from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX
+from .image_aux_head import IMAGE_AUX_KEY, IMAGE_AUX_PREFIX, ImageAuxOutputs
 from .key_range_bias import restrict_to_keys
-from .modality_passes import (FUSED, PASS_PREDICTIONS_KEY, TRAINED_SAMPLES_KEY, ModalityPass, build_modality_passes,
+from .modality_passes import (FUSED, FUSED_BLACK_SAMPLES_KEY, MODALITY_PASSES, PASS_PREDICTIONS_KEY,
+                              TRAINED_SAMPLES_KEY, FusedBlankViews, ModalityPass, build_modality_passes,
                               camera_free_samples, check_pass_options, lidar_free_samples, merge_sample_predictions,
-                              trained_samples)
+                              replace_sample_views, trained_samples, with_dropped_images)
 
 NUSCENES_TASKS = (
     dict(num_class=1, class_names=['car']),
@@ -174,6 +175,15 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             camera cell decaying to 0 at ``window_size / 2`` cells, instead of
             the routed bias (a single modality leaves nothing to route). No
             parameters. None (default): the routed bias, if any.
+        fused_image_drop_prob (float): in training, the probability that a
+            sample's fused pass (and its routing) sees black camera views while
+            the single-modality passes and the camera aids see its real images:
+            the fused pass learns to detect when the cameras fail
+            (``camera_drop``) without taking the sample from the camera pass, as
+            ``ModalMask3D``'s ``image_drop_prob`` does. The detector computes
+            the black views' features in the same image-backbone batch
+            (:meth:`draw_fused_image_drops`, ``CmtDetector``). Fusion heads
+            with ``modulation='attention_bias'``; default 0: no draw, no change.
         init_cfg (dict, optional): must be None.
     """
 
@@ -220,6 +230,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                  image_aux_config: Optional[dict] = None,
                  camera_depth_position: bool = False,
                  camera_window_prior: Optional[dict] = None,
+                 fused_image_drop_prob: float = 0.0,
                  init_cfg: Optional[dict] = None) -> None:
         reject_renamed_keys(type(self).__name__, HEAD_RENAMED_KEYS, renderer_config=renderer_config,
                             modulator_config=modulator_config, aqr_bias_strength=aqr_bias_strength,
@@ -298,6 +309,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 raise ValueError(f"{type(self).__name__}: camera_window_prior biases the passes that decode camera "
                                  f"tokens only, but none of modality_passes {names} does; add 'camera'")
             self.camera_window_prior = CameraWindowPrior(**camera_window_prior)
+        self._init_fused_image_drop(fused_image_drop_prob)
 
     def _decodes_camera_only(self, modality_pass: ModalityPass) -> bool:
         """Whether ``modality_pass`` of this head decodes camera tokens and no BEV tokens."""
@@ -340,6 +352,30 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                              f'ImageAuxHead predicts; give image_aux_config=dict(type=\'ImageAuxHead\', ...) '
                              f'with a depth branch (loss_depth not None)')
         self.camera_depth_position = camera_depth_position
+
+    def _init_fused_image_drop(self, probability: float) -> None:
+        """Check and keep ``fused_image_drop_prob``."""
+        if not 0.0 <= probability < 1.0:
+            raise ValueError(f'{type(self).__name__}: fused_image_drop_prob must be in [0, 1), got {probability}')
+        if probability > 0 and not (self.uses_lidar and self.uses_camera):
+            raise ValueError(f'{type(self).__name__}: fused_image_drop_prob blacks out the cameras of the fused pass '
+                             f'of a fusion head; this head decodes one modality (use ModalMask3D for input drops)')
+        if probability > 0 and self.with_query_routing and self.modulation != 'attention_bias':
+            raise ValueError(f"{type(self).__name__}: fused_image_drop_prob needs modulation='attention_bias' (the "
+                             f"feature modulation would modulate the camera passes' features by the fused routing)")
+        self.fused_image_drop_prob = probability
+
+    def draw_fused_image_drops(self, img_metas: Sequence[dict]) -> Tuple[bool, ...]:
+        """Per training sample, whether its fused pass sees black camera views (``fused_image_drop_prob``).
+
+        Samples whose images ``ModalMask3D`` already dropped are not drawn. Draws
+        from torch's global generator only when ``fused_image_drop_prob > 0``.
+        """
+        if self.fused_image_drop_prob == 0:
+            return (False, ) * len(img_metas)
+        draws = (torch.rand(len(img_metas)) < self.fused_image_drop_prob).tolist()
+        have_images = trained_samples(MODALITY_PASSES['camera'], img_metas)
+        return tuple(draw and images for draw, images in zip(draws, have_images))
 
     def init_weights(self) -> None:
         """Children's initialisation, then anchor reference points uniform in ``[0, 1]^3``."""
@@ -438,7 +474,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 img_feats: Sequence[Optional[Tensor]],
                 img_metas: Sequence[dict],
                 gt_bboxes_3d: Optional[Sequence[LiDARInstance3DBoxes]] = None,
-                gt_labels_3d: Optional[Sequence[Tensor]] = None) -> Tuple[List[dict], ...]:
+                gt_labels_3d: Optional[Sequence[Tensor]] = None,
+                fused_blank_views: Optional[FusedBlankViews] = None) -> Tuple[List[dict], ...]:
         """Decode the queries into per-task predictions.
 
         Only the first (finest) level of ``pts_feats`` and ``img_feats`` is used.
@@ -450,6 +487,9 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             gt_bboxes_3d (Sequence[LiDARInstance3DBoxes], optional): boxes with
                 velocity; in training mode they make the DN queries.
             gt_labels_3d (Sequence[Tensor], optional): global class indices.
+            fused_blank_views (FusedBlankViews, optional): in training with
+                ``fused_image_drop_prob``, the samples whose fused pass and
+                routing see black camera views, and those views' features.
 
         Returns:
             tuple[list[dict]]: per task a one-element list (one feature level)
@@ -465,7 +505,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
             in this layout, whose first task's dict adds ``trained_samples``
             (per sample, whether the pass's input was there); with an
             ``ImageAuxHead``, in training it holds ``image_aux``
-            (:class:`ImageAuxOutputs`). At inference with ``lidar_free_pass``
+            (:class:`ImageAuxOutputs`); with ``fused_blank_views``,
+            ``fused_black_samples`` (its ``samples``). At inference with ``lidar_free_pass``
             (``camera_free_pass``), the samples without LiDAR points (with
             blank cameras) hold that pass's predictions.
         """
@@ -474,6 +515,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         batch_size = bev_feat.size(0) if bev_feat is not None else len(img_metas)
         if len(img_metas) != batch_size:
             raise ValueError(f'{len(img_metas)} img_metas for a batch of {batch_size}')
+        if fused_blank_views is not None and not self.training:
+            raise ValueError(f'{type(self).__name__}: fused_blank_views is a training input (fused_image_drop_prob)')
 
         dn_queries = None
         if self.training and self.scalar > 0:
@@ -492,17 +535,26 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
 
         query_embed = self.query_pos_embed(reference_points, img_metas)
         bev_pos = self.bev_pos_embed(*bev_feat.shape[-2:], bev_feat.device) if bev_feat is not None else None
-        image_aux = None
+        image_aux = blank_depth = None
         if self.image_aux_head is not None and (self.training or self.camera_depth_position):
-            image_aux = self.image_aux_head(img_feat, img_metas)
+            image_aux, blank_depth = self._image_aux(img_feat, img_metas, fused_blank_views)
         token_depth = image_aux.depth.detach()[:, 0] if self.camera_depth_position else None
         rv_pos = self.rv_pos_embed(img_feat, img_metas, token_depth) if img_feat is not None else None
-        routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas,
-                                    dn_queries)
+        fused_img_feat, fused_rv_pos, fused_metas = img_feat, rv_pos, img_metas
+        if fused_blank_views is not None:
+            fused_img_feat, fused_rv_pos, fused_metas = self._blank_fused_cameras(
+                img_feat, rv_pos, img_metas, fused_blank_views, token_depth, blank_depth)
+        routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, fused_img_feat, fused_rv_pos,
+                                    fused_metas, dn_queries)
+        single_modality_inputs = routed, rv_pos
+        if fused_blank_views is not None:  # the other passes decode the real camera images
+            single_modality_inputs = routed._replace(img_feat=img_feat), rv_pos
         fallbacks = () if self.training else self._fallback_passes(img_metas)
         passes = self.modality_passes if self.training else (FUSED, ) + tuple(pass_ for pass_, _ in fallbacks)
-        decoded = [self._decode_pass(modality_pass, routed, bev_pos, rv_pos, query_embed, self_attn_mask,
-                                     reference_points, dn_queries, img_metas) for modality_pass in passes]
+        decoded = [self._decode_pass(modality_pass,
+                                     *((routed, fused_rv_pos) if modality_pass is FUSED else single_modality_inputs),
+                                     bev_pos, query_embed, self_attn_mask, reference_points, dn_queries, img_metas)
+                   for modality_pass in passes]
         preds_dicts = decoded[0]
         for (_, samples), pass_preds in zip(fallbacks, decoded[1:]):
             preds_dicts = merge_sample_predictions(preds_dicts, pass_preds,
@@ -514,7 +566,33 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 modality_pass.name: pass_preds for modality_pass, pass_preds in zip(passes[1:], decoded[1:])}
         if image_aux is not None and self.training:
             preds_dicts[0][0][IMAGE_AUX_KEY] = image_aux
+        if fused_blank_views is not None:
+            preds_dicts[0][0][FUSED_BLACK_SAMPLES_KEY] = fused_blank_views.samples
         return preds_dicts
+
+    def _image_aux(self, img_feat: Tensor, img_metas: Sequence[dict], fused_blank_views: Optional[FusedBlankViews]
+                   ) -> Tuple[ImageAuxOutputs, Optional[Tensor]]:
+        """The aux head's outputs on ``img_feat`` and, with ``fused_blank_views``, its depth ``[k * N, 1, h, w]`` of
+        the black views (one batch, as the image backbone ran them, so that BatchNorm sees what it sees there)."""
+        if fused_blank_views is None:
+            return self.image_aux_head(img_feat, img_metas), None
+        blank_metas = [meta for meta, blank in zip(img_metas, fused_blank_views.samples) if blank]
+        both = self.image_aux_head(torch.cat((img_feat, fused_blank_views.img_feat)), list(img_metas) + blank_metas)
+        depth = None if both.depth is None else both.depth[img_feat.size(0):]
+        return both.first_samples(len(img_metas)), depth
+
+    def _blank_fused_cameras(self, img_feat: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
+                             fused_blank_views: FusedBlankViews, token_depth: Optional[Tensor],
+                             blank_depth: Optional[Tensor]) -> Tuple[Tensor, Tensor, List[dict]]:
+        """The fused pass's camera memory ``[bs * N, C, h, w]``, its position embedding ``[bs * N, h, w, C]`` and
+        metas, with the ``fused_blank_views`` samples' views black (their images marked dropped for the routing)."""
+        samples = fused_blank_views.samples
+        fused_img_feat = replace_sample_views(img_feat, samples, fused_blank_views.img_feat)
+        fused_rv_pos = rv_pos
+        if token_depth is not None:
+            fused_depth = replace_sample_views(token_depth[:, None], samples, blank_depth.detach())[:, 0]
+            fused_rv_pos = self.rv_pos_embed(fused_img_feat, img_metas, fused_depth)
+        return fused_img_feat, fused_rv_pos, with_dropped_images(img_metas, fused_blank_views.samples)
 
     def _fallback_passes(self, img_metas: Sequence[dict]) -> Tuple[Tuple[ModalityPass, Tuple[bool, ...]], ...]:
         """The inference passes besides the fused one, each with the samples it decodes: ``lidar_free_pass`` those
@@ -531,8 +609,8 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
                 fallbacks.append((modality_pass, samples))
         return tuple(fallbacks)
 
-    def _decode_pass(self, modality_pass: ModalityPass, routed: RoutedInputs, bev_pos: Optional[Tensor],
-                     rv_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
+    def _decode_pass(self, modality_pass: ModalityPass, routed: RoutedInputs, rv_pos: Optional[Tensor],
+                     bev_pos: Optional[Tensor], query_embed: Tensor, self_attn_mask: Optional[Tensor],
                      reference_points: Tensor, dn_queries: Optional[DenoisingQueries],
                      img_metas: Sequence[dict]) -> Tuple[List[dict], ...]:
         """Decode the queries against the pass's keys only, with the routing bias of those keys and the pass's
@@ -540,9 +618,10 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
 
         Args:
             modality_pass (ModalityPass): which keys.
-            routed (RoutedInputs): features and fused bias from :meth:`route_queries`.
+            routed (RoutedInputs): features and fused bias from :meth:`route_queries`
+                (the camera features the pass decodes).
+            rv_pos (Tensor, optional): ``[bs * N, h, w, C]``, of those camera features.
             bev_pos (Tensor, optional): ``[H * W, C]``.
-            rv_pos (Tensor, optional): ``[bs * N, h, w, C]``.
             query_embed (Tensor): ``[bs, P, C]``.
             self_attn_mask (Tensor, optional): ``[P, P]`` DN mask.
             reference_points (Tensor): ``[bs, P, 3]``.
@@ -608,6 +687,10 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if image_aux is not None:
             aux_losses = self.image_aux_head.loss(image_aux, gt_bboxes_3d, gt_labels_3d)
             losses.update({IMAGE_AUX_PREFIX + name: value for name, value in aux_losses.items()})
+        if self.fused_image_drop_prob > 0:  # logged at every step, 0 when no sample was drawn
+            black = sum(preds_dicts[0][0].get(FUSED_BLACK_SAMPLES_KEY, ()))
+            losses['fused.num_black_camera_samples'] = torch.full((), float(black),
+                                                                  device=preds_dicts[0][0]['cls_logits'].device)
         return losses
 
     def _bev_input(self, pts_feats: Sequence[Optional[Tensor]]) -> Optional[Tensor]:

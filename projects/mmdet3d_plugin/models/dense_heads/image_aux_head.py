@@ -65,6 +65,15 @@ class ImageAuxOutputs:
     pad_hw: Tuple[float, float]
     trained: Tuple[bool, ...]
 
+    def first_samples(self, num_samples: int) -> 'ImageAuxOutputs':
+        """The outputs of the batch's first ``num_samples`` samples (all their views)."""
+        num_views = self.lidar2img.size(1) * num_samples
+        return ImageAuxOutputs(
+            heatmap=self.heatmap[:num_views],
+            log_depth=None if self.log_depth is None else self.log_depth[:num_views],
+            depth=None if self.depth is None else self.depth[:num_views], lidar2img=self.lidar2img[:num_samples],
+            pad_hw=self.pad_hw, trained=self.trained[:num_samples])
+
 
 @HEADS.register_module()
 class ImageAuxHead(BaseModule):

@@ -29,9 +29,10 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention.backends.exact_rows import pop_inexact_rows
-from ...core.host_data import permitted_host_sync
+from ...core.host_data import host_to_device, permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
-from ..dense_heads.modality_passes import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY, blank_camera_views
+from ..dense_heads.modality_passes import (BLANK_VIEWS_KEY, LIDAR_POINTS_KEY, FusedBlankViews, black_camera_images,
+                                          blank_camera_views)
 from ..utils.grid_mask import GridMask
 from ..utils.spconv_voxelize import SPConvVoxelization
 
@@ -246,7 +247,7 @@ class CmtDetector(MVXTwoStageDetector):
             raise ValueError('CmtDetector does not support gt_bboxes_ignore')
         if gt_bboxes_3d is None or gt_labels_3d is None:
             raise ValueError('CmtDetector.forward_train needs gt_bboxes_3d and gt_labels_3d')
-        img_feats, pts_feats = self.extract_feat(points, img=img, img_metas=img_metas)
+        img_feats, pts_feats, fused_blank_views = self.extract_train_feat(points, img, img_metas)
         gt_num_points = None
         if getattr(self.pts_bbox_head, 'needs_gt_point_counts', False):
             if points is None:
@@ -254,18 +255,48 @@ class CmtDetector(MVXTwoStageDetector):
                                  f'ground-truth box (AQR query_loss_weight > 0)')
             gt_num_points = [count_points_in_boxes(sample_points, boxes.tensor.to(sample_points.device))
                              for sample_points, boxes in zip(points, gt_bboxes_3d)]
-        return self.forward_pts_train(pts_feats, img_feats, gt_bboxes_3d, gt_labels_3d, img_metas, gt_num_points)
+        return self.forward_pts_train(pts_feats, img_feats, gt_bboxes_3d, gt_labels_3d, img_metas, gt_num_points,
+                                      fused_blank_views)
+
+    def extract_train_feat(self, points: Optional[Sequence[Tensor]], img: Optional[Tensor], img_metas: Sequence[dict]
+                           ) -> Tuple[Optional[List[Tensor]], Optional[List[Tensor]], Optional[FusedBlankViews]]:
+        """``extract_feat``, and for the samples the head draws (``fused_image_drop_prob``) the features of black
+        camera views, computed in the same image-backbone batch as the real ones.
+
+        Returns:
+            tuple: camera features (levels ``[bs * N, C, h, w]``), BEV
+            features and :class:`FusedBlankViews` (None when no sample is drawn).
+        """
+        drawn = (False, )
+        if img is not None and getattr(self.pts_bbox_head, 'fused_image_drop_prob', 0) > 0:
+            drawn = self.pts_bbox_head.draw_fused_image_drops(img_metas)
+        if not any(drawn):
+            return (*self.extract_feat(points, img=img, img_metas=img_metas), None)
+        if img.dim() != 5:
+            raise ValueError(f'fused_image_drop_prob needs img as [bs, N, C, H, W], got {tuple(img.shape)}')
+        indices = [index for index, flag in enumerate(drawn) if flag]
+        drawn_metas = [img_metas[index] for index in indices]
+        black = black_camera_images(img.index_select(0, host_to_device(indices, img.device, torch.long)), drawn_metas)
+        feats = self.extract_img_feat(torch.cat((img, black)), list(img_metas) + drawn_metas)
+        num_real = img.size(0) * img.size(1)
+        img_feats = [level[:num_real] for level in feats]
+        pts_feats = self.extract_pts_feat(points, img_feats, img_metas)
+        return img_feats, pts_feats, FusedBlankViews(drawn, feats[0][num_real:])
 
     @force_fp32(apply_to=('pts_feats', 'img_feats'))
     def forward_pts_train(self, pts_feats: Optional[List[Tensor]], img_feats: Optional[List[Tensor]],
                           gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], img_metas: Sequence[dict],
-                          gt_num_points: Optional[List[Tensor]] = None) -> Dict[str, Tensor]:
+                          gt_num_points: Optional[List[Tensor]] = None,
+                          fused_blank_views: Optional[FusedBlankViews] = None) -> Dict[str, Tensor]:
         """Head forward (with denoising queries) and losses.
 
         ``gt_num_points`` (per sample ``[n]``, the LiDAR points in each box) is
-        passed to the head's ``loss`` when given (``needs_gt_point_counts``).
+        passed to the head's ``loss`` when given (``needs_gt_point_counts``);
+        ``fused_blank_views`` to its forward when given (``fused_image_drop_prob``).
         """
-        outs = self.pts_bbox_head(pts_feats or [None], img_feats or [None], img_metas, gt_bboxes_3d, gt_labels_3d)
+        extra_inputs = {} if fused_blank_views is None else dict(fused_blank_views=fused_blank_views)
+        outs = self.pts_bbox_head(pts_feats or [None], img_feats or [None], img_metas, gt_bboxes_3d, gt_labels_3d,
+                                  **extra_inputs)
         extra = {} if gt_num_points is None else dict(gt_num_points=gt_num_points)
         with permitted_host_sync():  # the Hungarian matching runs on the host; the boxes are split per task
             losses = self.pts_bbox_head.loss(gt_bboxes_3d, gt_labels_3d, outs, **extra)
