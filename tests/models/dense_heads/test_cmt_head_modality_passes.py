@@ -1,5 +1,6 @@
 """Per-modality decoding passes of CmtHead: each pass decodes only its keys, has its own losses, and the
-default (fused only) is today's CMT bit for bit."""
+default (fused only) is the CMT recorded before the passes existed (bit for bit on the recording machine, to
+float32 rounding on others)."""
 import copy
 import os
 
@@ -61,24 +62,27 @@ def fused_pass_outputs(cmt_test_data, **head_options):
 
 
 @pytest.mark.usefixtures('reference_threads')
-def test_default_passes_leave_outputs_losses_and_gradients_bit_identical(cmt_test_data):
+def test_default_passes_leave_outputs_losses_and_gradients_unchanged(cmt_test_data):
+    """Bit-identical when recorded; compared to ``REFERENCE_RTOL`` of each tensor's largest value, so that a
+    processor whose kernels round differently passes it."""
     expected = torch.load(REFERENCE)['cmt']
     actual = fused_pass_outputs(cmt_test_data)
     assert set(actual) == set(expected)
-    changed = [key for key, value in expected.items() if not torch.equal(actual[key], value)]
+    differs = cmt_test_data['differs_from_reference']
+    changed = [key for key, value in expected.items() if differs(actual[key], value)]
     assert not changed, f'outputs that differ from the head before the passes existed: {changed}'
 
 
 def test_default_passes_leave_aqr_outputs_and_losses_unchanged(cmt_test_data):
-    """Bit-identical when recorded; compared to 1e-6 of each tensor's largest value, as
+    """Bit-identical when recorded; compared to ``REFERENCE_RTOL`` of each tensor's largest value, as
     ``tests/models/aqr/test_aqr_outputs_unchanged.py`` does, so that optimising AQR's router (rounding
     differences) does not fail it. Gradients are pinned by the plain CMT test only: the router's
     key-projection gradients are sums near 0, whose rounding differences are relatively large."""
     expected = torch.load(REFERENCE)['aqr']
     actual = fused_pass_outputs(cmt_test_data, **AQR)
     assert set(actual) == set(expected)
-    changed = [key for key, value in expected.items() if not key.startswith('grad.') and
-               float((actual[key] - value).abs().max()) > 1e-6 * float(value.abs().max())]
+    differs = cmt_test_data['differs_from_reference']
+    changed = [key for key, value in expected.items() if not key.startswith('grad.') and differs(actual[key], value)]
     assert not changed, f'outputs that differ from the head before the passes existed: {changed}'
 
 

@@ -411,6 +411,13 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         Returns:
             Tensor: ``[bs * N, h, w, C]``.
         """
+        return self._with_token_depth(self.frustum_pos_embed(img_feat, img_metas), token_depth, img_metas)
+
+    def frustum_pos_embed(self, img_feat: Tensor, img_metas: Sequence[dict]) -> Tensor:
+        """``rv_embedding`` of the camera feature cells' frustums (``depth_num`` points each), ``[bs * N, h, w, C]``.
+
+        Depends on the features' shape and the metas only, not on their values.
+        """
         lidar2img = stack_lidar2img(img_metas, img_feat.device)
         bs, num_views = lidar2img.shape[:2]
         if bs * num_views != img_feat.size(0):
@@ -420,24 +427,28 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         depths = depth_bins(self.depth_num, self.pc_range[3], img_feat.device)
         frustum = image_frustum_points(img_feat.shape[-2:], pad_shape_hw(img_metas), depths)
         points = torch.einsum('hwdo,nco->nhwdc', frustum, img2lidar)[..., :3]
-        embed = self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
-        if token_depth is not None:
-            embed = embed + self.token_depth_pos_embed(token_depth, img2lidar, pad_shape_hw(img_metas))
-        return embed
+        return self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
 
-    def token_depth_pos_embed(self, token_depth: Tensor, img2lidar: Tensor, pad_hw: Tuple[float, float]) -> Tensor:
+    def token_depth_pos_embed(self, token_depth: Tensor, img_metas: Sequence[dict]) -> Tensor:
         """``bev_embedding`` of the camera cells' pixel centres lifted to ``token_depth``.
 
         Args:
             token_depth (Tensor): ``[bs * N, h, w]`` metres.
-            img2lidar (Tensor): ``[bs * N, 4, 4]``.
-            pad_hw (tuple[float, float]): padded image size.
+            img_metas (Sequence[dict]): ``lidar2img`` (N matrices) and ``pad_shape``.
 
         Returns:
             Tensor: ``[bs * N, h, w, C]``.
         """
-        points = lift_cell_centres(token_depth, img2lidar, pad_hw)
+        img2lidar = invert_lidar2img(stack_lidar2img(img_metas, token_depth.device)).flatten(0, 1)
+        points = lift_cell_centres(token_depth, img2lidar, pad_shape_hw(img_metas))
         return self.bev_embedding(pos2embed(normalize_points(points, self.pc_range).clamp(0, 1), self.hidden_dim))
+
+    def _with_token_depth(self, frustum_pos: Tensor, token_depth: Optional[Tensor],
+                          img_metas: Sequence[dict]) -> Tensor:
+        """``frustum_pos`` ``[bs * N, h, w, C]`` plus, with ``token_depth``, :meth:`token_depth_pos_embed`."""
+        if token_depth is None:
+            return frustum_pos
+        return frustum_pos + self.token_depth_pos_embed(token_depth, img_metas)
 
     def query_pos_embed(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
         """Positional embedding of the queries.
@@ -539,11 +550,14 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         if self.image_aux_head is not None and (self.training or self.camera_depth_position):
             image_aux, blank_depth = self._image_aux(img_feat, img_metas, fused_blank_views)
         token_depth = image_aux.depth.detach()[:, 0] if self.camera_depth_position else None
-        rv_pos = self.rv_pos_embed(img_feat, img_metas, token_depth) if img_feat is not None else None
+        frustum_pos = rv_pos = None
+        if img_feat is not None:
+            frustum_pos = self.frustum_pos_embed(img_feat, img_metas)
+            rv_pos = self._with_token_depth(frustum_pos, token_depth, img_metas)
         fused_img_feat, fused_rv_pos, fused_metas = img_feat, rv_pos, img_metas
         if fused_blank_views is not None:
             fused_img_feat, fused_rv_pos, fused_metas = self._blank_fused_cameras(
-                img_feat, rv_pos, img_metas, fused_blank_views, token_depth, blank_depth)
+                img_feat, frustum_pos, rv_pos, img_metas, fused_blank_views, token_depth, blank_depth)
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, fused_img_feat, fused_rv_pos,
                                     fused_metas, dn_queries)
         single_modality_inputs = routed, rv_pos
@@ -581,17 +595,19 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         depth = None if both.depth is None else both.depth[img_feat.size(0):]
         return both.first_samples(len(img_metas)), depth
 
-    def _blank_fused_cameras(self, img_feat: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
+    def _blank_fused_cameras(self, img_feat: Tensor, frustum_pos: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
                              fused_blank_views: FusedBlankViews, token_depth: Optional[Tensor],
                              blank_depth: Optional[Tensor]) -> Tuple[Tensor, Tensor, List[dict]]:
         """The fused pass's camera memory ``[bs * N, C, h, w]``, its position embedding ``[bs * N, h, w, C]`` and
-        metas, with the ``fused_blank_views`` samples' views black (their images marked dropped for the routing)."""
+        metas, with the ``fused_blank_views`` samples' views black (their images marked dropped for the routing).
+        The views keep their frustum embedding ``frustum_pos``; with ``token_depth`` the black views' depth term is
+        that of their own ``blank_depth``."""
         samples = fused_blank_views.samples
         fused_img_feat = replace_sample_views(img_feat, samples, fused_blank_views.img_feat)
         fused_rv_pos = rv_pos
         if token_depth is not None:
             fused_depth = replace_sample_views(token_depth[:, None], samples, blank_depth.detach())[:, 0]
-            fused_rv_pos = self.rv_pos_embed(fused_img_feat, img_metas, fused_depth)
+            fused_rv_pos = self._with_token_depth(frustum_pos, fused_depth, img_metas)
         return fused_img_feat, fused_rv_pos, with_dropped_images(img_metas, fused_blank_views.samples)
 
     def _fallback_passes(self, img_metas: Sequence[dict]) -> Tuple[Tuple[ModalityPass, Tuple[bool, ...]], ...]:
