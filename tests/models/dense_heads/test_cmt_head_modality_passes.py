@@ -338,9 +338,9 @@ def test_aqr_config_trains_with_passes_and_demo_config_only_adds_its_camera_opti
     assert demo.model == base.model
     masks = [index for index, step in enumerate(demo.data.train.pipeline) if step.type == 'ModalMask3D']
     assert [demo.data.train.pipeline[index] for index in masks] == [
-        dict(type='ModalMask3D', mode='train', image_drop_prob=0.0)]
+        dict(type='ModalMask3D', mode='train', image_drop_prob=0.0, points_drop_prob=0.0)]
     demo.data.train.pipeline[masks[0]] = dict(type='ModalMask3D', mode='train')
-    assert demo.data == base.data, 'the passes demo differs from the demo in its head and image drop only'
+    assert demo.data == base.data, 'the passes demo differs from the demo in its head and modality drop only'
 
 
 def test_separate_decoders_are_their_passes_own(cmt_test_data):
