@@ -557,7 +557,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         fused_img_feat, fused_rv_pos, fused_metas = img_feat, rv_pos, img_metas
         if fused_blank_views is not None:
             fused_img_feat, fused_rv_pos, fused_metas = self._blank_fused_cameras(
-                img_feat, frustum_pos, rv_pos, img_metas, fused_blank_views, token_depth, blank_depth)
+                img_feat, frustum_pos, img_metas, fused_blank_views, token_depth, blank_depth)
         routed = self.route_queries(reference_points, query_embed, bev_feat, bev_pos, fused_img_feat, fused_rv_pos,
                                     fused_metas, dn_queries)
         single_modality_inputs = routed, rv_pos
@@ -595,7 +595,7 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         depth = None if both.depth is None else both.depth[img_feat.size(0):]
         return both.first_samples(len(img_metas)), depth
 
-    def _blank_fused_cameras(self, img_feat: Tensor, frustum_pos: Tensor, rv_pos: Tensor, img_metas: Sequence[dict],
+    def _blank_fused_cameras(self, img_feat: Tensor, frustum_pos: Tensor, img_metas: Sequence[dict],
                              fused_blank_views: FusedBlankViews, token_depth: Optional[Tensor],
                              blank_depth: Optional[Tensor]) -> Tuple[Tensor, Tensor, List[dict]]:
         """The fused pass's camera memory ``[bs * N, C, h, w]``, its position embedding ``[bs * N, h, w, C]`` and
@@ -604,11 +604,11 @@ class CmtHead(AQRRoutingMixin, CmtHeadLossMixin, BaseModule):
         that of their own ``blank_depth``."""
         samples = fused_blank_views.samples
         fused_img_feat = replace_sample_views(img_feat, samples, fused_blank_views.img_feat)
-        fused_rv_pos = rv_pos
+        fused_depth = None
         if token_depth is not None:
             fused_depth = replace_sample_views(token_depth[:, None], samples, blank_depth.detach())[:, 0]
-            fused_rv_pos = self._with_token_depth(frustum_pos, fused_depth, img_metas)
-        return fused_img_feat, fused_rv_pos, with_dropped_images(img_metas, fused_blank_views.samples)
+        return (fused_img_feat, self._with_token_depth(frustum_pos, fused_depth, img_metas),
+                with_dropped_images(img_metas, samples))
 
     def _fallback_passes(self, img_metas: Sequence[dict]) -> Tuple[Tuple[ModalityPass, Tuple[bool, ...]], ...]:
         """The inference passes besides the fused one, each with the samples it decodes: ``lidar_free_pass`` those
