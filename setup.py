@@ -1,8 +1,11 @@
 """CMT-AQR: an mmdetection3d 1.x plugin (CMT detector + Adaptive Query Routing).
 
 The heavy dependencies (torch, a CPU/CUDA build of mmcv-full, a patched
-mmdet3d) are installed by ``tools/setup_env.sh``; ``pip install -e .`` only
-makes ``projects.mmdet3d_plugin`` importable.
+mmdet3d) are installed by ``tools/setup_env.sh``; it installs this project
+with ``pip install -e .`` and puts the checkout's root on ``sys.path`` (a
+``.pth`` file, whatever editable mode pip chose): ``projects.mmdet3d_plugin``
+and the tools' ``tools.data_converter`` import from any working directory,
+so the scripts in ``tools/`` (``python tools/x.py``) need no ``sys.path`` edit.
 """
 from setuptools import find_packages, setup
 

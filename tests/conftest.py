@@ -17,7 +17,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from tools.demo import usable_cores  # noqa: E402 (needs the repository on sys.path)
+from projects.mmdet3d_plugin.apis.local_resources import usable_cores  # noqa: E402 (needs the repository on sys.path)
 
 
 def threads_per_worker(cores: int, workers: int) -> int:

@@ -3,20 +3,15 @@
     python tools/check_spconv_race.py [--configs CFG ...] [--runs 50] [--threads 1 2] [--load 2]
         [--scatter builtin patched] [--sites 4000] [--grid 128] [--out report.json]
 
-For each config's ``pts_middle_encoder`` (mmdet3d's ``SparseEncoder``; its
-BEV grid is cropped to ``--grid`` cells so the dense reference volume fits in
-memory, depth and layers unchanged) the encoder runs ``--runs`` times on one
-fixed random input of ``--sites`` active voxels, and the output of every
-``SubMConv3d`` / ``SparseConv3d`` is compared at its active sites with a dense
-``F.conv3d`` of the layer's own captured input
-(``mmcv_custom/sparse_conv_check.py``). ``--load N`` busy-loop processes run
-meanwhile (the race only shows under CPU contention). Each thread count runs
-in its own process with ``OMP_NUM_THREADS`` set (and ``torch.set_num_threads``:
-spconv's kernels run on torch's OpenMP runtime); each result records the
-thread count that runtime reports for spconv's kernels (``omp_threads``).
-``--scatter builtin`` runs spconv's own CPU sparse convolutions (its compiled,
-racy scatter-add), ``patched`` the plugin's race-free replacement
-(``mmcv_custom/spconv_cpu_scatter.py``).
+For each config's ``pts_middle_encoder`` (its BEV grid cropped to ``--grid``
+cells) the encoder runs ``--runs`` times on one fixed random input of
+``--sites`` active voxels, and the output of every sparse convolution is
+compared with a dense ``F.conv3d`` of the layer's own input, while ``--load``
+busy-loop processes load the cores (the race only shows under CPU
+contention). Each thread count runs in its own process with
+``OMP_NUM_THREADS`` set. ``--scatter builtin`` runs spconv's own CPU sparse
+convolutions (its compiled, racy scatter-add), ``patched`` the plugin's
+race-free replacement (``projects/mmdet3d_plugin/apis/spconv_race_check.py``).
 
 Prints a table per config, thread count and scatter: runs with any wrong
 layer, wrong layer outputs per layer type, the worst error relative to the
@@ -26,180 +21,43 @@ non-reproducible result.
 """
 import argparse
 import json
-import multiprocessing
-import os
-import os.path as osp
-import subprocess
 import sys
-import time
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-#: The published fusion configs' encoder (R50 / voxel 0.1; the VoV and LiDAR-only configs use the same layers).
-DEFAULT_CONFIGS = ('configs/cmt_voxel0100_r50_800x320_cbgs.py', )
-SCATTERS = ('builtin', 'patched')
+from projects.mmdet3d_plugin.apis.spconv_race_check import (SCATTERS, RaceCheckOptions, check_spconv_race,
+                                                            format_table, patched_failures)
+
+DEFAULTS = RaceCheckOptions()
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='spconv CPU sparse convolutions vs dense conv3d, under CPU load')
-    parser.add_argument('--configs', nargs='+', default=list(DEFAULT_CONFIGS),
+    parser.add_argument('--configs', nargs='+', default=DEFAULTS.configs,
                         help='configs whose pts_middle_encoder is checked')
-    parser.add_argument('--runs', type=int, default=50, help='encoder runs per config, thread count and scatter')
-    parser.add_argument('--threads', type=int, nargs='+', default=[1, 2], help='OMP_NUM_THREADS values')
-    parser.add_argument('--load', type=int, default=2, help='busy-loop processes loading the cores meanwhile')
-    parser.add_argument('--scatter', nargs='+', choices=SCATTERS, default=list(SCATTERS),
+    parser.add_argument('--runs', type=int, default=DEFAULTS.runs,
+                        help='encoder runs per config, thread count and scatter')
+    parser.add_argument('--threads', type=int, nargs='+', default=DEFAULTS.threads, help='OMP_NUM_THREADS values')
+    parser.add_argument('--load', type=int, default=DEFAULTS.load,
+                        help='busy-loop processes loading the cores meanwhile')
+    parser.add_argument('--scatter', nargs='+', choices=SCATTERS, default=DEFAULTS.scatter,
                         help="spconv's own CPU sparse convolutions (builtin) and/or the plugin's replacement (patched)")
-    parser.add_argument('--sites', type=int, default=4000, help='active voxels of the random input')
-    parser.add_argument('--grid', type=int, default=128, help='largest BEV side of the cropped sparse grid')
-    parser.add_argument('--seed', type=int, default=0, help='seed of the random input')
+    parser.add_argument('--sites', type=int, default=DEFAULTS.sites, help='active voxels of the random input')
+    parser.add_argument('--grid', type=int, default=DEFAULTS.grid, help='largest BEV side of the cropped sparse grid')
+    parser.add_argument('--seed', type=int, default=DEFAULTS.seed, help='seed of the random input')
     parser.add_argument('--out', help='also write the results as JSON here')
-    parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def _busy_loop() -> None:
-    while True:
-        pass
-
-
-def build_cropped_encoder(config_path: str, grid: int):
-    """The config's ``pts_middle_encoder`` with its BEV grid cropped to at most ``grid`` x ``grid`` cells.
-
-    Raises:
-        ValueError: the config has no spconv ``SparseEncoder``.
-    """
-    from mmcv import Config
-    from mmdet3d.models import build_middle_encoder
-
-    import projects.mmdet3d_plugin  # noqa: F401  (applies the scatter patch)
-    cfg = Config.fromfile(config_path)
-    encoder_cfg = cfg.model.get('pts_middle_encoder')
-    if not encoder_cfg or 'sparse_shape' not in encoder_cfg:
-        raise ValueError(f'{config_path}: pts_middle_encoder is not a spconv sparse encoder ({encoder_cfg})')
-    depth, height, width = encoder_cfg.sparse_shape
-    encoder_cfg.sparse_shape = [depth, min(height, grid), min(width, grid)]
-    return build_middle_encoder(encoder_cfg).eval(), encoder_cfg
-
-
-def random_sparse_input(encoder_cfg, sites: int, seed: int):
-    """``(features [sites, C], coords [sites, 4] (batch 0, z, y, x))`` at distinct random sites of the grid."""
-    import torch
-    depth, height, width = encoder_cfg.sparse_shape
-    generator = torch.Generator().manual_seed(seed)
-    flat = torch.randperm(depth * height * width, generator=generator)[:sites]
-    coords = torch.stack([torch.zeros_like(flat), flat // (height * width), flat // width % height, flat % width], 1)
-    return torch.randn(len(flat), encoder_cfg.in_channels, generator=generator), coords.int()
-
-
-def check_encoder(encoder, features, coords, runs: int) -> Dict:
-    """Run ``encoder`` ``runs`` times, each with every sparse conv checked against its dense reference."""
-    import torch
-
-    from projects.mmdet3d_plugin.mmcv_custom.sparse_conv_check import check_sparse_convs
-    first = None
-    per_type: Dict[str, Dict[str, int]] = {}
-    bad_runs, identical, worst = 0, True, 0.0
-    for _ in range(runs):
-        outputs = []
-        report = check_sparse_convs(encoder, lambda: outputs.append(encoder(features, coords, 1)))
-        for layer in report.values():
-            counts = per_type.setdefault(layer['type'], dict(checked=0, wrong=0))
-            counts['checked'] += 1
-            counts['wrong'] += int(not layer['ok'])
-            worst = max(worst, layer['max_abs_err'] / max(layer['scale'], 1e-12))
-        bad_runs += int(not all(layer['ok'] for layer in report.values()))
-        first = outputs[0] if first is None else first
-        identical = identical and torch.equal(first, outputs[0])
-    return dict(runs=runs, bad_runs=bad_runs, per_type=per_type, worst_rel_err=worst, bit_identical=identical)
-
-
-def worker(args: argparse.Namespace) -> None:
-    """One thread count (``OMP_NUM_THREADS`` set by the parent): every config x scatter, JSON lines to stdout."""
-    import torch
-
-    from projects.mmdet3d_plugin.mmcv_custom.sparse_conv_check import spconv_openmp_threads
-    from projects.mmdet3d_plugin.mmcv_custom.spconv_cpu_scatter import builtin_spconv_scatter_add
-    threads = int(os.environ['OMP_NUM_THREADS'])
-    torch.set_num_threads(threads)
-    for config in args.configs:
-        encoder, encoder_cfg = build_cropped_encoder(config, args.grid)
-        features, coords = random_sparse_input(encoder_cfg, args.sites, args.seed)
-        for scatter in args.scatter:
-            start = time.perf_counter()
-            if scatter == 'builtin':
-                with builtin_spconv_scatter_add():
-                    result = check_encoder(encoder, features, coords, args.runs)
-            else:
-                result = check_encoder(encoder, features, coords, args.runs)
-            result.update(config=config, threads=threads, omp_threads=spconv_openmp_threads(), scatter=scatter,
-                          seconds=time.perf_counter() - start, sparse_shape=list(encoder_cfg.sparse_shape))
-            print(json.dumps(result), flush=True)
-
-
-def run_thread_count(args: argparse.Namespace, threads: int) -> List[Dict]:
-    """Run :func:`worker` in a fresh process with ``OMP_NUM_THREADS=threads``; its results, printed as they come."""
-    command = [sys.executable, osp.abspath(__file__), '--worker', '--runs', str(args.runs), '--sites',
-               str(args.sites), '--grid', str(args.grid), '--seed', str(args.seed), '--configs', *args.configs,
-               '--scatter', *args.scatter]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    results = []
-    with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True) as worker_process:
-        for line in worker_process.stdout:
-            if line.startswith('{'):
-                result = json.loads(line)
-                print(f"  {osp.basename(result['config'])}, {threads} thread(s), {result['scatter']}: "
-                      f"{result['bad_runs']}/{result['runs']} runs wrong ({result['seconds']:.0f} s)", flush=True)
-                results.append(dict(result, load=args.load))
-    if worker_process.returncode != 0:
-        raise SystemExit(f'the check with {threads} thread(s) failed (exit code {worker_process.returncode}); '
-                         f'see its stderr')
-    return results
-
-
-def format_table(results: Sequence[Dict]) -> str:
-    """A Markdown table of the results (one row per config, thread count and scatter)."""
-    types = sorted({name for result in results for name in result['per_type']})
-    lines = ['| config | threads | scatter | runs | runs with a wrong layer | '
-             + ' | '.join(f'wrong {name} outputs' for name in types) + ' | worst rel. error | bit-identical |',
-             '|---|---|---|---|---|' + '---|' * len(types) + '---|---|']
-    for r in results:
-        cells = [f"{r['per_type'][name]['wrong']}/{r['per_type'][name]['checked']}" if name in r['per_type'] else '-'
-                 for name in types]
-        lines.append(f"| {osp.basename(r['config'])} | {r['threads']} | {r['scatter']} | {r['runs']} | "
-                     f"{r['bad_runs']} | " + ' | '.join(cells) + f" | {r['worst_rel_err']:.1e} | "
-                     f"{'yes' if r['bit_identical'] else 'no'} |")
-    return '\n'.join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    for config in args.configs:
-        if not osp.isfile(osp.join(REPO_ROOT, config)) and not osp.isfile(config):
-            raise SystemExit(f'config not found: {config}')
-    loads = [multiprocessing.Process(target=_busy_loop, daemon=True) for _ in range(args.load)]
-    for process in loads:
-        process.start()
-    print(f'{args.load} load process(es) running; {args.runs} runs per config, thread count and scatter', flush=True)
-    results = []
-    try:
-        for threads in args.threads:
-            results += run_thread_count(args, threads)
-    finally:
-        for process in loads:
-            process.terminate()
+    results = check_spconv_race(RaceCheckOptions(**{k: v for k, v in vars(args).items() if k != 'out'}))
     print(format_table(results))
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(results, f, indent=2)
-    failed = [r for r in results if r['scatter'] == 'patched' and (r['bad_runs'] or not r['bit_identical'])]
-    for r in failed:
-        print(f"FAILED: patched scatter, {r['config']}, {r['threads']} thread(s): {r['bad_runs']} wrong runs, "
-              f"bit-identical={r['bit_identical']}", file=sys.stderr)
+    failed = patched_failures(results)
+    for line in failed:
+        print(line, file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -16,17 +16,11 @@ v1.0`` (upstream CMT's spelling) means v1.0-trainval followed by v1.0-test.
 See docs/data.md.
 """
 import argparse
-import os.path as osp
-import sys
 import time
 from typing import List, Optional
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from tools.data_converter.gt_database import create_groundtruth_database  # noqa: E402
-from tools.data_converter.nuscenes_converter import (SUPPORTED_VERSIONS, check_data_root,  # noqa: E402
+from tools.data_converter.gt_database import create_groundtruth_database
+from tools.data_converter.nuscenes_converter import (SUPPORTED_VERSIONS, check_data_root,
                                                      create_nuscenes_infos)
 
 VERSION_CHOICES = SUPPORTED_VERSIONS + ('v1.0', )

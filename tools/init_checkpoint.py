@@ -9,17 +9,12 @@ the baseline ``make demo`` compares the trained model against.
 import argparse
 import logging
 import os.path as osp
-import sys
 
 from mmcv.runner import save_checkpoint
 from mmdet.apis import set_random_seed
 from mmdet3d.models import build_model
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from projects.mmdet3d_plugin.mmcv_custom.launch import add_common_arguments, load_config  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.launch import add_common_arguments, load_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -11,14 +11,9 @@ See ``docs/synthetic_data.md``.
 """
 import argparse
 import os.path as osp
-import sys
 import time
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from tools.data_converter.synthetic.generator import SyntheticConfig, generate_synthetic_nuscenes  # noqa: E402
+from tools.data_converter.synthetic.generator import SyntheticConfig, generate_synthetic_nuscenes
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,16 +22,14 @@ import argparse
 import os.path as osp
 import sys
 from dataclasses import fields
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from projects.mmdet3d_plugin.apis.robustness_study import RobustnessStudy, StudyOptions  # noqa: E402
-from projects.mmdet3d_plugin.apis.study_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD  # noqa: E402
-from tools import demo  # noqa: E402
-from tools.eval_robustness import CLEAN, DEFAULT_CORRUPTIONS  # noqa: E402
+from projects.mmdet3d_plugin.apis.demo_pipeline import DemoDataset, DemoStudyTools
+from projects.mmdet3d_plugin.apis.repo_paths import REPO_ROOT
+from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN, DEFAULT_CORRUPTIONS
+from projects.mmdet3d_plugin.apis.robustness_study import RobustnessStudy, StudyOptions
+from projects.mmdet3d_plugin.apis.study_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
+from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
 QUICK_CORRUPTIONS = (CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120')
 
@@ -81,26 +79,12 @@ def study_options(args: argparse.Namespace) -> StudyOptions:
     return StudyOptions(**{field.name: getattr(args, field.name) for field in fields(StudyOptions)})
 
 
-class DemoTools:
-    """The study's :class:`StudyTools`: the demo's data generator, tool runner and work-dir claims."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        # the options tools/demo.py's data functions take: the demo's generator with --scenes
-        self.dataset = argparse.Namespace(data_root=args.data_root, scenes=args.scenes, samples=2, seed=0)
-
-    def prepare_data(self) -> None:
-        demo.prepare_data(self.dataset, 2)
-
-    def run(self, command: List[str]) -> None:
-        demo.run(command)
-
-    def claim_work_dir(self, work_dir: str, cfg, seed: int) -> None:
-        demo.claim_work_dir(work_dir, dict(demo.run_fingerprint(cfg, self.dataset), seed=seed))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
     args = parse_args(argv)
-    return RobustnessStudy(study_options(args), DemoTools(args), REPO_ROOT).run()
+    # the demo's generator with --scenes
+    tools = DemoStudyTools(DemoDataset(args.data_root, args.scenes, samples=2, seed=0,
+                                       generator_version=GENERATOR_VERSION))
+    return RobustnessStudy(study_options(args), tools, REPO_ROOT).run()
 
 
 if __name__ == '__main__':

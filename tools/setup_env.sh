@@ -3,16 +3,21 @@
 #
 #   bash tools/setup_env.sh            # set up, print the activation line
 #   CMT_AQR_HOME=/some/dir bash ...    # put the cache and the venv elsewhere
+#   CMT_AQR_DEVICE=cuda bash ...        # build for CUDA (default auto: CUDA where a GPU is visible
+#                                       # and nvcc is on PATH; cpu forces the CPU build)
 #
 # What it does, in order (each step is named when it fails):
 #   1. a virtualenv at $CMT_AQR_HOME/venv (default ~/.cache/cmt-aqr/venv)
 #   2. torch 2.13.0 + torchvision 0.28.0 from PyPI (~2.8 GB the first time)
 #   3. mmcv-full 1.7.2 compiled from source with CPU ops (~12-17 minutes the
-#      first time on 2 cores); the wheel is cached in $CMT_AQR_HOME/wheels
+#      first time on 2 cores), or with CUDA ops in CUDA mode; the wheel is
+#      cached in $CMT_AQR_HOME/wheels (a folder per mode)
 #   4. mmdet3d 1.0.0rc6 from its sdist with the `mmcv<=1.7.0` assertion relaxed
 #      to 1.7.2 and numpy's removed aliases (np.bool, ...) replaced, rebuilt as
 #      a wheel and cached (see README "Why mmdet3d is patched")
-#   5. the pinned runtime and test requirements (requirements/*.txt)
+#   5. the pinned runtime and test requirements (requirements/*.txt); in CUDA
+#      mode spconv's CUDA build matching torch's CUDA instead of `spconv`
+#      (the choices: projects/mmdet3d_plugin/utils/cuda_build.py)
 #   6. this project in editable mode, then an import check
 #
 # It is idempotent: a stamp file records a hash of the files that define the
@@ -54,8 +59,14 @@ import sys
 sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)
 EOF
 
+STEP="choose the CPU or CUDA build"
+BUILD_CHOICE=("$PYTHON" "$REPO_ROOT/projects/mmdet3d_plugin/utils/cuda_build.py" --device "${CMT_AQR_DEVICE:-auto}")
+read -r BUILD_MODE _ FORCE_CUDA < <("${BUILD_CHOICE[@]}") || fail "see the cuda_build line above"
+[[ -n "$BUILD_MODE" ]] || fail "see the cuda_build line above"
+
 STAMP_FILE="$VENV/.cmt_aqr_stamp"
-STAMP="$(cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT"/requirements/*.txt | sha256sum | cut -c1-16)"
+STAMP="$( (cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT/projects/mmdet3d_plugin/utils/cuda_build.py" \
+    "$REPO_ROOT"/requirements/*.txt; echo "$BUILD_MODE") | sha256sum | cut -c1-16)"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
 
@@ -70,6 +81,9 @@ install_project() {
     local site
     site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "import os; os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')" >"$site/cmt_aqr_omp_wait_policy.pth"
+    # `python tools/x.py` imports `projects` and `tools.data_converter` from the checkout: put its root on sys.path
+    # whatever editable-install mode pip chose (newer ones expose only the `projects` package)
+    echo "$REPO_ROOT" >"$site/cmt_aqr_repo_root.pth"
     STEP="import check"
     (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
 from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")
@@ -103,17 +117,22 @@ STEP="install build tools"
 "${PIP[@]}" install -q "setuptools<70" wheel ninja packaging
 "$PY" -c "import pkg_resources" || fail "setuptools<70 did not install"
 
+STEP="choose the spconv build"
+TORCH_CUDA="$("$PY" -c 'import torch; print(torch.version.cuda or "")')"
+read -r _ SPCONV_REQUIREMENT _ < <("${BUILD_CHOICE[@]}" --torch-cuda "$TORCH_CUDA") || fail "see the cuda_build line above"
+
 PY_TAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 WHEELS="$CMT_AQR_HOME/wheels/$PY_TAG-torch$TORCH_VERSION"
+[[ "$BUILD_MODE" == cuda ]] && WHEELS="$WHEELS-cuda"
 mkdir -p "$WHEELS"
 
 STEP="build mmcv-full $MMCV_VERSION"
 MMCV_WHEEL="$(ls "$WHEELS"/mmcv_full-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
 if [[ -z "$MMCV_WHEEL" ]]; then
     BUILD_LOG="$CMT_AQR_HOME/mmcv-build.log"
-    log "compiling mmcv-full $MMCV_VERSION with CPU ops: this takes ~12-17 minutes on 2 cores (log: $BUILD_LOG)"
+    log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
-    MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+    MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "${PIP[@]}" wheel -v --no-build-isolation --no-deps -w "$BUILD_DIR" "mmcv-full==$MMCV_VERSION" >"$BUILD_LOG" 2>&1 &
     BUILD_PID=$!
     while kill -0 "$BUILD_PID" 2>/dev/null; do
@@ -162,8 +181,14 @@ else
 fi
 
 STEP="install mmcv, mmdet3d and pinned requirements"
-log "installing mmcv-full, mmdet3d (--no-deps) and requirements/*.txt"
-"${PIP[@]}" install -q "$MMCV_WHEEL" -r "$REPO_ROOT/requirements/runtime.txt" -r "$REPO_ROOT/requirements/tests.txt"
+log "installing mmcv-full, mmdet3d (--no-deps), requirements/*.txt and $SPCONV_REQUIREMENT"
+RUNTIME_REQUIREMENTS="$(mktemp)"
+grep -v -E '^spconv([=<>~ ]|$)' "$REPO_ROOT/requirements/runtime.txt" >"$RUNTIME_REQUIREMENTS"
+if [[ "$BUILD_MODE" == cuda ]]; then
+    "${PIP[@]}" uninstall -q -y spconv 2>/dev/null || true  # the CPU build and a CUDA build both provide `spconv`
+fi
+"${PIP[@]}" install -q "$MMCV_WHEEL" "$SPCONV_REQUIREMENT" -r "$RUNTIME_REQUIREMENTS" -r "$REPO_ROOT/requirements/tests.txt"
+rm -f "$RUNTIME_REQUIREMENTS"
 "${PIP[@]}" install -q --no-deps "mmsegmentation==0.30.0" "lyft-dataset-sdk==0.0.8"
 # the patched wheel keeps mmdet3d's version number: force it over an older patch level
 "${PIP[@]}" install -q --no-deps --force-reinstall "$MMDET3D_WHEEL"

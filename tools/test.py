@@ -16,7 +16,6 @@ test pipeline. ``tools/eval_robustness.py`` runs every corruption in one go.
 """
 import argparse
 import os.path as osp
-import sys
 import time
 from typing import List, Optional
 
@@ -28,17 +27,13 @@ from mmdet.utils import get_root_logger
 from mmdet3d.apis import single_gpu_test
 from mmdet3d.datasets import build_dataset
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from projects.mmdet3d_plugin.apis.testing import (add_corruption_arguments, apply_corruption,  # noqa: E402
+from projects.mmdet3d_plugin.apis.testing import (add_corruption_arguments, apply_corruption,
                                                   build_test_loader, build_test_model, evaluate_results,
                                                   prepare_test_config)
-from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,
                                                         init_distributed, load_config,
                                                         resolve_work_dir)
-from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

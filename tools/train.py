@@ -13,7 +13,6 @@ numbers; see ``projects/mmdet3d_plugin/mmcv_custom/seeding.py``).
 import argparse
 import copy
 import os.path as osp
-import sys
 import time
 from typing import Optional, Sequence
 
@@ -26,14 +25,10 @@ from mmdet3d.datasets import build_dataset
 from mmdet3d.models import build_model
 from mmdet3d.utils import collect_env
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,
                                                         init_distributed, load_config,
                                                         resolve_work_dir)
-from projects.mmdet3d_plugin.mmcv_custom.train import train_detector  # noqa: E402
+from projects.mmdet3d_plugin.mmcv_custom.train import train_detector
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -15,55 +15,16 @@ Runs the model's ordinary test forward on test sample ``N`` and writes:
   (default: the highest-scoring one) over the BEV keys and each camera's keys.
 
 With ``--corruption`` the names get the corruption (``sample<N>_camera_drop_bev.png``).
-A plain CMT config has no routing: only the BEV picture with the boxes is written.
+A plain CMT config has no routing: only the BEV picture with the boxes is written
+(``projects/mmdet3d_plugin/apis/routing_pictures.py``).
 """
 import argparse
-import logging
-import os.path as osp
-import sys
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
-import numpy as np
-import torch
 from mmcv import DictAction
-from mmcv.parallel import collate
-from mmdet.utils import get_root_logger
-from mmdet3d.datasets import build_dataset
-from torch import nn
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from projects.mmdet3d_plugin.apis.decoder_capture import (DecoderSnapshot, capture_decoder,  # noqa: E402
-                                                          query_scores)
-from projects.mmdet3d_plugin.apis.testing import (add_corruption_arguments, apply_corruption,  # noqa: E402
-                                                  build_test_model, load_test_config, prepare_test_config)
-from projects.mmdet3d_plugin.core.visualization import (camera_names, denormalize_image, plot_bev,  # noqa: E402
-                                                        plot_cameras, plot_query_bias, query_bias_row,
-                                                        query_centres, query_pixels, save_figure,
-                                                        split_key_bias)
-from projects.mmdet3d_plugin.mmcv_custom.launch import default_device  # noqa: E402
-from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model  # noqa: E402
-
-
-@dataclass
-class AQRPictures:
-    """What :func:`main` drew.
-
-    Attributes:
-        files (dict[str, str]): ``'bev'``, ``'cameras'``, ``'bias'`` -> PNG path
-            (only ``'bev'`` without routing).
-        query (int): the query of the bias picture (among the matching queries).
-        bev_bias (np.ndarray, optional): ``[H_bev, W_bev]`` its bias over the BEV keys.
-        camera_bias (np.ndarray, optional): ``[N, H_img, W_img]`` over the camera keys.
-    """
-
-    files: Dict[str, str] = field(default_factory=dict)
-    query: Optional[int] = None
-    bev_bias: Optional[np.ndarray] = None
-    camera_bias: Optional[np.ndarray] = None
+from projects.mmdet3d_plugin.apis.routing_pictures import AQRPictures, draw_aqr_pictures
+from projects.mmdet3d_plugin.apis.testing import add_corruption_arguments
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -80,135 +41,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_sample(dataset, index: int) -> dict:
-    """Test sample ``index`` of ``dataset`` as a batch of one (``DataContainer`` s, as the data loader gives)."""
-    if not 0 <= index < len(dataset):
-        raise IndexError(f'--sample {index} is not a test sample: the test set has {len(dataset)} (0..'
-                         f'{len(dataset) - 1})')
-    return collate([dataset[index]], samples_per_gpu=1)
-
-
-@dataclass
-class SampleRun:
-    """One test sample and what the model made of it (batch of one, first test-time augmentation).
-
-    Attributes:
-        data (dict): the collated model input.
-        meta (dict): its ``img_metas``.
-        result (dict): ``boxes_3d``, ``scores_3d``, ``labels_3d``.
-        snapshot (DecoderSnapshot): the head's predictions, routing and bias.
-        head (nn.Module): the detector's head.
-        centres (np.ndarray): ``[Q, 3]`` metric reference points of the matching queries.
-    """
-
-    data: dict
-    meta: dict
-    result: dict
-    snapshot: DecoderSnapshot
-    head: nn.Module
-    centres: np.ndarray
-
-
-def run_sample(detector: nn.Module, dataset, index: int) -> SampleRun:
-    """Run the detector's ordinary test forward on sample ``index`` of ``dataset``, capturing its decoder."""
-    data = load_sample(dataset, index)
-    model = wrap_model(detector, default_device(), False)
-    model.eval()
-    head = detector.pts_bbox_head
-    with torch.no_grad(), capture_decoder(head) as snapshot:
-        result = model(return_loss=False, rescale=True, **data)[0]['pts_bbox']
-    centres = query_centres(head.reference_points.weight.detach().cpu().numpy(), head.pc_range)
-    return SampleRun(data, data['img_metas'][0].data[0][0], result, snapshot, head, centres)
-
-
-def draw_routing(run: SampleRun, class_names: Sequence[str], query: Optional[int], layer: int, prefix: str,
-                 what: str, bev_layers: dict, logger: logging.Logger) -> AQRPictures:
-    """The three AQR pictures of a run with routing.
-
-    Args:
-        run (SampleRun): the sample and the model's decoder snapshot.
-        class_names (Sequence[str]): the classes (for the titles).
-        query (int, optional): query of the bias picture (a valid index);
-            None: the highest-scoring one.
-        layer (int): decoder layer of a per-layer bias.
-        prefix (str): path prefix of the PNGs.
-        what (str): first line of the titles.
-        bev_layers (dict): ``plot_bev`` arguments (points, boxes, query positions).
-        logger (logging.Logger): warnings.
-
-    Returns:
-        AQRPictures: the PNG paths, the query and its bias maps.
-    """
-    routing, head = run.snapshot.routing, run.head
-    scores, labels = (values[0].cpu() for values in query_scores(run.snapshot.preds_dicts))
-    query = int(scores.argmax()) if query is None else query
-    lidar_weights = routing.lidar_weights[0].float().cpu().numpy()
-    camera_weights = routing.camera_weights[0].float().cpu().numpy()
-    views = routing.projection_info['pts_pers_idx'][0, :, 0].cpu().numpy()
-    about = (f'query {query}: score {scores[query]:.3f} ({class_names[labels[query]]}), '
-             f'LiDAR weight {lidar_weights[query]:.3f}, camera weight {camera_weights[query]:.3f}')
-    pictures = AQRPictures(query=query)
-    figure = plot_bev(head.pc_range, query_values=lidar_weights, highlight=query,
-                      title=f'{what}\nqueries coloured by LiDAR weight\nstar: {about}', **bev_layers)
-    pictures.files['bev'] = save_figure(figure, f'{prefix}_bev.png')
-
-    norm_cfg = run.meta['img_norm_cfg']
-    images = [denormalize_image(img, norm_cfg['mean'], norm_cfg['std'], norm_cfg['to_rgb'])
-              for img in run.data['img'][0].data[0][0]]
-    names = camera_names(run.meta['filename'])
-    pixels = query_pixels(run.centres, np.stack(run.meta['lidar2img']), views)
-    figure = plot_cameras(images, names, pixels, views, camera_weights, highlight=query,
-                          title=f'{what}: queries coloured by camera weight, {int((views < 0).sum())} of '
-                          f'{len(views)} seen by no camera\nstar: {about}')
-    pictures.files['cameras'] = save_figure(figure, f'{prefix}_cameras.png')
-
-    if run.snapshot.cross_attn_bias is None:
-        logger.warning('the decoder got no cross-attention bias (legacy feature modulation?): no bias picture')
-        return pictures
-    row, num_heads = query_bias_row(run.snapshot.cross_attn_bias, query, num_matching=len(scores), layer=layer)
-    pictures.bev_bias, pictures.camera_bias = split_key_bias(row, run.snapshot.bev_shape, run.snapshot.camera_shape)
-    heads = f', mean of {num_heads} heads' if num_heads > 1 else ''
-    figure = plot_query_bias(pictures.bev_bias, pictures.camera_bias, head.pc_range, names, images,
-                             query_xy=tuple(run.centres[query, :2]),
-                             query_pixel=(int(views[query]), *pixels[query]) if views[query] >= 0 else None,
-                             title=f'{what}\ncross-attention bias of {about}{heads}')
-    pictures.files['bias'] = save_figure(figure, f'{prefix}_query{query}_bias.png')
-    return pictures
-
-
 def main(argv: Optional[List[str]] = None) -> AQRPictures:
     args = parse_args(argv)
-    cfg = load_test_config(args.config, args.cfg_options)
-    prepare_test_config(cfg)
-    logger = get_root_logger(log_level=cfg.log_level)
-    cfg = apply_corruption(cfg, args.corruption, seed=args.corruption_seed, logger=logger)
-    dataset = build_dataset(cfg.data.test)
-    detector = build_test_model(cfg, args.checkpoint, dataset.CLASSES, logger=logger)
-    num_query = detector.pts_bbox_head.num_query
-    if args.query is not None and not 0 <= args.query < num_query:
-        raise IndexError(f'--query {args.query} is not a query: the head has {num_query} (0..{num_query - 1})')
-    run = run_sample(detector, dataset, args.sample)
-
-    info = dataset.data_infos[args.sample]
-    keep = run.result['scores_3d'] >= args.score_thr
-    bev_layers = dict(
-        points=run.data['points'][0].data[0][0].numpy() if 'points' in run.data else None,
-        gt_boxes=dataset.get_ann_info(args.sample)['gt_bboxes_3d'].tensor.numpy() if 'gt_boxes' in info else None,
-        pred_boxes=run.result['boxes_3d'].tensor[keep].numpy(),
-        query_xy=run.centres[:, :2])
-    tag = f'_{args.corruption.replace(":", "")}' if args.corruption else ''
-    prefix = osp.join(args.out, f'sample{args.sample:04d}{tag}')
-    what = (f'sample {args.sample} ({info["token"]}), {args.corruption or "clean"}: {int(keep.sum())} predictions '
-            f'with score >= {args.score_thr}')
-    if run.snapshot.routing is None:
-        logger.warning(f'{args.config} has no AQR routing (plain CMT: no aqr_config in its head); drawing only the '
-                       f'boxes and the queries')
-        pictures = AQRPictures(files=dict(bev=save_figure(plot_bev(run.head.pc_range, title=what, **bev_layers),
-                                                          f'{prefix}_bev.png')))
-    else:
-        pictures = draw_routing(run, dataset.CLASSES, args.query, args.layer, prefix, what, bev_layers, logger)
-    logger.info(f'wrote {", ".join(pictures.files.values())}')
-    return pictures
+    return draw_aqr_pictures(args.config, args.checkpoint, args.out, args.sample, args.query, args.score_thr,
+                             args.layer, args.corruption, args.corruption_seed, args.cfg_options)
 
 
 if __name__ == '__main__':

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention import AttentionBias, SegmentBias, apply_attention
-from projects.mmdet3d_plugin.attention.backends import segment as segment_module
+from projects.mmdet3d_plugin.attention.backends.segment import backend as segment_module
 
 FP32_TOLERANCE = 1e-5
 #: relative tolerances (forward, gradients) of low-precision inputs against math on the same inputs. bfloat16's

@@ -173,3 +173,39 @@ def test_gradients_flow_through_to_dense(cases):
     bias, leaves = cases.make_bias('segment+window+lowrank', bias_heads=3)
     bias.to_dense().sum().backward()
     assert all(leaf.grad is not None and leaf.grad.abs().sum() > 0 for leaf in leaves)
+
+
+@pytest.mark.parametrize('kind', ['segment', 'window', 'lowrank', 'dense', 'mask'])
+def test_score_term_is_the_dense_bias_at_every_index(cases, kind):
+    """``part.score_term`` (what flex's ``score_mod`` adds) equals ``to_dense`` at every (b, h, q, k), also for rows
+    past Q that repeat the last query (flex's query bucket)."""
+    bs, heads, num_queries, num_keys = 2, 3, 5, cases.NUM_KEYS
+    if kind == 'mask':
+        bias = AttentionBias(DenseBias(torch.rand(bs, 1, num_queries, num_keys) > 0.7), num_keys)
+    else:
+        bias, _ = cases.make_bias(kind, bs=bs, heads=heads, num_queries=num_queries, bias_heads=heads,
+                                  requires_grad=False)
+    (part, ) = bias.parts
+    rows = torch.arange(num_queries + 2).clamp_(max=num_queries - 1)
+    term = part.score_term((bs, heads, num_queries, num_keys), rows)
+    b, h, i, k = torch.meshgrid(*(torch.arange(n) for n in (bs, heads, len(rows), num_keys)), indexing='ij')
+    expected = part.to_dense(num_keys).expand(bs, heads, num_queries, num_keys)[:, :, rows]
+    torch.testing.assert_close(torch.as_tensor(term(b, h, i, k), dtype=torch.float32), expected)
+
+
+def test_parts_say_what_backends_need_to_know_without_a_type_test(cases):
+    segment, _ = cases.make_bias('segment', requires_grad=False)
+    window, _ = cases.make_bias('window', requires_grad=False)
+    low_rank, _ = cases.make_bias('lowrank', requires_grad=False)
+    dense, _ = cases.make_bias('dense', requires_grad=False)
+    mask = DenseBias(torch.rand(2, 1, 6, cases.NUM_KEYS) > 0.5)
+    parts = [bias.parts[0] for bias in (segment, window, low_rank, dense)] + [mask]
+    assert [p.is_structured for p in parts] == [True, True, True, False, False]
+    assert [p.is_window for p in parts] == [False, True, False, False, False]
+    assert [p.is_mask for p in parts] == [False, False, False, False, True]
+    assert low_rank.parts[0].to_low_rank() is low_rank.parts[0]
+    torch.testing.assert_close(segment.parts[0].to_low_rank().to_dense(cases.NUM_KEYS),
+                               segment.parts[0].to_dense(cases.NUM_KEYS))
+    for part in (window.parts[0], mask):
+        with pytest.raises(TypeError, match='no low-rank form'):
+            part.to_low_rank()

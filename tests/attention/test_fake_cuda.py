@@ -8,8 +8,9 @@ needs a CUDA context): the segment backward and the fused kernels' backward
 ops are traced by calling them directly, and the gradients' values stay
 verified by the CPU twins in ``test_backends.py``: the CUDA branch of each backend differs from its CPU
 branch only in the kernel it calls (``fused_lse``: the CUDA flash / efficient
-kernels; ``window_slots.SlotPattern.dot``: a gather instead of
-``sampled_addmm``, compared with it below; the exact recomputation: a budget
+kernels; ``window_slots.SlotPattern``: the ``'gather'`` formulation instead of
+``sampled_addmm`` / ``embedding_bag``, compared with it below and in
+``test_window_slots_gather.py``; the exact recomputation: a budget
 of rows instead of the exact count, tested on the CPU with the same code in
 ``test_exact_rows.py``).
 """
@@ -22,10 +23,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBias, WindowBias, apply_attention,
                                                select_backend)
-from projects.mmdet3d_plugin.attention.backends import UnsupportedAttentionError, segment
-from projects.mmdet3d_plugin.attention.backends.window_slots import SlotPattern
+from projects.mmdet3d_plugin.attention import SlotPattern
+from projects.mmdet3d_plugin.attention.backends import UnsupportedAttentionError
+from projects.mmdet3d_plugin.attention.backends.segment import backend as segment
 from projects.mmdet3d_plugin.attention.dispatch import _make_call
-from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
+from projects.mmdet3d_plugin.utils.host_data import HostCopyCounter
 
 # the R50 shape of the default config: 900 queries, a 128 x 128 BEV grid and 6 views of 20 x 50 cells
 BS, HEADS, NUM_QUERIES, HEAD_DIM = 2, 8, 900, 32
@@ -38,19 +40,24 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CUDA_BACKENDS = ('auto', 'segment', 'flashbias', 'sdpa', 'math')
 
 
-def _fake_problem(kind, dtype):
-    """q, k, v and an AQR-like bias on fake CUDA (call inside a FakeTensorMode)."""
+#: heads of the bias: one, shared by the attention heads, as AttentionBiasGenerator builds it by default (a
+#: ``[bs, 1, Q, K]`` dense mask for sdpa), and one per head (``per_head=True``)
+BIAS_HEADS = (1, HEADS)
+
+
+def _fake_problem(kind, dtype, bias_heads=1):
+    """q, k, v and an AQR-like bias of ``bias_heads`` heads on fake CUDA (call inside a FakeTensorMode)."""
     q, k, v = (torch.randn(BS, HEADS, n, HEAD_DIM, device='cuda', dtype=dtype, requires_grad=True)
                for n in (NUM_QUERIES, NUM_KEYS, NUM_KEYS))
     parts = []
     if kind in ('global', 'both'):
-        values = torch.randn(BS, HEADS, NUM_QUERIES, 2, device='cuda', dtype=dtype, requires_grad=True)
+        values = torch.randn(BS, bias_heads, NUM_QUERIES, 2, device='cuda', dtype=dtype, requires_grad=True)
         parts.append(SegmentBias(values, [BEV.end, CAMERA.num_cells]))
     if kind in ('local', 'both'):
         centres = [torch.stack([torch.randint(0, n, (BS, NUM_QUERIES), device='cuda')
                                 for n in (grid.planes, grid.height, grid.width)], -1) for grid in (BEV, CAMERA)]
         valid = [torch.ones(BS, NUM_QUERIES, dtype=torch.bool, device='cuda') for _ in range(2)]
-        amplitudes = [torch.randn(BS, HEADS, NUM_QUERIES, device='cuda', dtype=dtype, requires_grad=True)
+        amplitudes = [torch.randn(BS, bias_heads, NUM_QUERIES, device='cuda', dtype=dtype, requires_grad=True)
                       for _ in range(2)]
         parts.append(WindowBias([BEV, CAMERA], centres, valid, amplitudes, [7, 5]))
     return q, k, v, (AttentionBias(parts, NUM_KEYS) if parts else None)
@@ -60,22 +67,23 @@ def test_every_cuda_backend_traces_on_fake_cuda_or_refuses():
     """Each call returns a CUDA output of q's shape and dtype or raises UnsupportedAttentionError."""
     outcomes = {}
     with FakeTensorMode(allow_non_fake_inputs=True):
-        for backend, kind, dtype in itertools.product(CUDA_BACKENDS, KINDS, DTYPES):
-            q, k, v, bias = _fake_problem(kind, dtype)
+        for backend, kind, dtype, bias_heads in itertools.product(CUDA_BACKENDS, KINDS, DTYPES, BIAS_HEADS):
+            q, k, v, bias = _fake_problem(kind, dtype, bias_heads)
             try:
                 out = apply_attention(q, k, v, bias, backend=backend)
             except UnsupportedAttentionError:
-                outcomes[backend, kind, dtype] = 'unsupported'
+                outcomes[backend, kind, dtype, bias_heads] = 'unsupported'
                 continue
             assert (out.device.type, out.dtype, tuple(out.shape)) == ('cuda', dtype, tuple(q.shape)), \
-                (backend, kind, dtype)
-            outcomes[backend, kind, dtype] = 'ok'
+                (backend, kind, dtype, bias_heads)
+            outcomes[backend, kind, dtype, bias_heads] = 'ok'
     # auto, segment (fp32 included) and math run every case; flashbias refuses only the window bias, sdpa only
-    # the gradient of a segment bias in half precision
-    refused = sorted((b, kind, str(d)) for (b, kind, d), r in outcomes.items() if r == 'unsupported')
-    assert refused == sorted([('flashbias', kind, str(d)) for kind in ('local', 'both') for d in DTYPES]
-                             + [('sdpa', kind, str(d)) for kind in ('global', 'both')
-                                for d in (torch.float16, torch.bfloat16)])
+    # the gradient of a segment bias in half precision; the same for a bias shared by the heads and one per head
+    refused = sorted((b, kind, str(d), h) for (b, kind, d, h), r in outcomes.items() if r == 'unsupported')
+    assert refused == sorted([('flashbias', kind, str(d), h) for kind in ('local', 'both') for d in DTYPES
+                              for h in BIAS_HEADS]
+                             + [('sdpa', kind, str(d), h) for kind in ('global', 'both')
+                                for d in (torch.float16, torch.bfloat16) for h in BIAS_HEADS])
 
 
 def test_cuda_calls_copy_no_host_data_to_the_device():
@@ -126,8 +134,8 @@ def test_cuda_fused_kernels_with_lse_and_their_backward_trace(dtype):
 
     Autograd does not run on fake CUDA, so the backward ops are called directly, as the segment backward does.
     """
-    from projects.mmdet3d_plugin.attention.backends.fused_lse import (fused_attention_with_lse,
-                                                                      fused_attention_with_lse_backward)
+    from projects.mmdet3d_plugin.attention.backends.segment.fused_lse import (fused_attention_with_lse,
+                                                                              fused_attention_with_lse_backward)
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v = (torch.randn(BS, HEADS, n, HEAD_DIM, device='cuda', dtype=dtype) for n in (NUM_QUERIES, 100, 100))
         out, lse, state = fused_attention_with_lse(q, k, v, None, 0.25)

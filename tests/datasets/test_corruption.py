@@ -12,10 +12,10 @@ from PIL import Image
 from projects.mmdet3d_plugin.datasets.camera_geometry import lidar2cam_from_sensor2lidar
 from projects.mmdet3d_plugin.datasets.corruption_config import corrupt_config, insert_corruption
 from projects.mmdet3d_plugin.datasets.box_geometry import points_in_boxes
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, axis_angle_rotation,
-                                                                   boxes_at_time_lag, camera_forward_yaw,
-                                                                   enlarged_boxes, kept_beams,
-                                                                   parse_corruption, points_in_sweep_frames)
+from projects.mmdet3d_plugin.datasets.corruption_geometry import (axis_angle_rotation, boxes_at_time_lag,
+                                                                  camera_forward_yaw, enlarged_boxes, kept_beams,
+                                                                  points_in_sweep_frames)
+from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_KEY, parse_corruption
 
 SAMPLE = 0  # val sample 0 of the synthetic set
 

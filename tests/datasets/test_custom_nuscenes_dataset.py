@@ -195,7 +195,9 @@ def test_ground_truth_as_head_outputs_decodes_to_a_perfect_evaluation(synthetic_
     results = []
     for index in range(len(dataset)):
         ann = dataset.get_ann_info(index)
-        boxes, labels = head.gt_boxes_and_labels([ann['gt_bboxes_3d']], [torch.as_tensor(ann['gt_labels_3d'])])
+        boxes, labels = head.detection_loss.gt_boxes_and_labels([ann['gt_bboxes_3d']],
+                                                                [torch.as_tensor(ann['gt_labels_3d'])],
+                                                                torch.device('cpu'))
         keep = labels[0] >= 0
         code, labels = normalize_bbox(boxes[0][keep]).float(), labels[0][keep]
         code[:, 8:] = torch.nan_to_num(code[:, 8:])

@@ -24,7 +24,7 @@ from projects.mmdet3d_plugin.mmcv_custom.sparse_conv_check import (check_sparse_
 from projects.mmdet3d_plugin.mmcv_custom.spconv_cpu_scatter import (builtin_spconv_scatter_add,
                                                                     is_spconv_cpu_scatter_add_patched,
                                                                     scatter_add_rows)
-from tools import check_spconv_race
+from projects.mmdet3d_plugin.apis import spconv_race_check
 
 RUNS_UNDER_LOAD = 6
 SPCONV_THREADS = 2
@@ -34,7 +34,7 @@ ROUTES = ('cpu_build', 'cuda_build')
 @pytest.fixture
 def cpu_load():
     """One busy-loop process per usable core while the test runs, so that spconv's threads get preempted."""
-    loads = [multiprocessing.Process(target=check_spconv_race._busy_loop, daemon=True)
+    loads = [multiprocessing.Process(target=spconv_race_check.busy_loop, daemon=True)
              for _ in range(len(os.sched_getaffinity(0)))]
     for process in loads:
         process.start()
@@ -135,13 +135,13 @@ def test_a_fused_bias_is_refused_on_the_cpu():
         conv(spconv.SparseConvTensor(features, coords, [16, 16, 16], 1))
 
 
-@pytest.mark.parametrize('config', check_spconv_race.DEFAULT_CONFIGS)
+@pytest.mark.parametrize('config', spconv_race_check.DEFAULT_CONFIGS)
 def test_sparse_encoder_matches_dense_conv_with_two_spconv_threads_under_cpu_load(config, cpu_load):
-    encoder, encoder_cfg = check_spconv_race.build_cropped_encoder(config, grid=64)
-    features, coords = check_spconv_race.random_sparse_input(encoder_cfg, sites=3000, seed=0)
+    encoder, encoder_cfg = spconv_race_check.build_cropped_encoder(config, grid=64)
+    features, coords = spconv_race_check.random_sparse_input(encoder_cfg, sites=3000, seed=0)
     with use_spconv_openmp_threads(SPCONV_THREADS):
         assert spconv_openmp_threads() == SPCONV_THREADS  # whatever OMP_NUM_THREADS the tests run with
-        result = check_spconv_race.check_encoder(encoder, features, coords, RUNS_UNDER_LOAD)
+        result = spconv_race_check.check_encoder(encoder, features, coords, RUNS_UNDER_LOAD)
     assert result['bad_runs'] == 0, result
     assert result['bit_identical'], result
     assert set(result['per_type']) == {'SubMConv3d', 'SparseConv3d'}

@@ -121,8 +121,21 @@ def train_step(model, data: dict) -> dict:
 
 
 def differs_from_reference(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Whether ``actual`` is off ``expected`` by more than ``REFERENCE_RTOL`` of ``expected``'s largest value."""
-    return float((actual - expected).abs().max()) > REFERENCE_RTOL * float(expected.abs().max().clamp(min=1e-12))
+    """Whether ``actual`` differs from the recorded ``expected``: another shape, a NaN or infinity where the
+    reference has none (or another one), or a finite value off by more than ``REFERENCE_RTOL`` of ``expected``'s
+    largest finite magnitude. Pass one field at a time (a box code mixes metres and logits: one scale would hide
+    an error in the smaller field)."""
+    if actual.shape != expected.shape:
+        return True
+    actual, expected = actual.detach().double(), expected.detach().double()
+    finite = torch.isfinite(expected)
+    if not torch.equal(torch.isfinite(actual), finite) or not torch.equal(actual.isnan(), expected.isnan()) \
+            or not torch.equal(actual[expected.isinf()], expected[expected.isinf()]):
+        return True
+    if not finite.any():
+        return False
+    scale = float(expected[finite].abs().max().clamp(min=1e-12))
+    return float((actual[finite] - expected[finite]).abs().max()) > REFERENCE_RTOL * scale
 
 
 @pytest.fixture(scope='session')

@@ -16,7 +16,7 @@ import pytest
 import torch
 from mmcv import Config
 
-from tools.demo import free_port
+from projects.mmdet3d_plugin.apis.local_resources import free_port
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # 25.6 m: a BEV grid divisible by 16 at voxel 0.1 m and 0.2 m (SECOND + FPN stride 2 then upsample 2)
@@ -156,7 +156,9 @@ def train_in_process(monkeypatch):
                 raise Killed(f'killed before iteration {kill_at}')
             run_iter(runner, data_batch, train_mode, **kwargs)
             if train_mode:
-                losses[runner.epoch, runner.inner_iter] = dict(runner.outputs['log_vars'])
+                # the detector may keep its log variables on the device (train_detector asks it to): read them
+                losses[runner.epoch, runner.inner_iter] = {name: float(value)
+                                                           for name, value in runner.outputs['log_vars'].items()}
 
         with monkeypatch.context() as patch:
             patch.setattr(EpochBasedRunner, 'run_iter', recording_run_iter)

@@ -1,6 +1,7 @@
 """tools/check_spconv_race.py: the table it prints and its verdict on the patched scatter-add."""
 import json
 
+from projects.mmdet3d_plugin.apis import spconv_race_check
 from tools import check_spconv_race
 
 
@@ -26,10 +27,10 @@ def test_a_wrong_patched_result_fails(monkeypatch, capsys):
         return dict(runs=runs, bad_runs=1, per_type={'SubMConv3d': dict(checked=1, wrong=1)}, worst_rel_err=0.3,
                     bit_identical=False)
 
-    monkeypatch.setattr(check_spconv_race, 'check_encoder', wrong)
+    monkeypatch.setattr(spconv_race_check, 'check_encoder', wrong)
     results = [dict(wrong(None, None, None, 1), config='c.py', threads=2, scatter='patched', seconds=0.0,
                     sparse_shape=[41, 8, 8])]
-    monkeypatch.setattr(check_spconv_race, 'run_thread_count', lambda args, threads: results)
+    monkeypatch.setattr(spconv_race_check, 'run_thread_count', lambda options, threads: results)
     assert check_spconv_race.main(['--configs', 'configs/cmt_voxel0100_r50_800x320_cbgs.py', '--load', '0',
                                    '--threads', '2']) == 1
     assert 'FAILED: patched scatter' in capsys.readouterr().err

@@ -9,7 +9,6 @@ from mmcv import Config
 from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of
 from projects.mmdet3d_plugin.apis.testing import evaluate_results, nuscenes_scores
 from tools import eval_robustness
-from tools.eval_robustness import CorruptionResult, add_deltas, markdown_table
 
 AQR_DEMO = 'cmt_aqr_synthetic_tiny'
 
@@ -46,22 +45,6 @@ def test_every_corruption_is_evaluated_and_a_failing_one_is_reported(demo_checkp
             [rows[name][key] for key in ('mAP', 'NDS', 'delta_mAP', 'delta_NDS')], abs=1e-4)
         assert table[name][5] == 'ok'
     assert table['view_drop:9'][1:5] == ['n/a'] * 4 and table['view_drop:9'][5].startswith('failed: ValueError')
-
-
-def test_deltas_and_table_against_clean():
-    results = [CorruptionResult('clean', 'ok', mAP=0.5, NDS=0.6), CorruptionResult('fov:120', 'ok', mAP=0.3, NDS=0.45),
-               CorruptionResult('lidar_drop', 'failed', error='ValueError: no | point\nat all')]
-    add_deltas(results)
-    assert results[1].delta_mAP == pytest.approx(-0.2) and results[1].delta_NDS == pytest.approx(-0.15)
-    assert results[0].delta_NDS == 0.0 and results[2].delta_mAP is None
-    rows = _table_rows(markdown_table(results))
-    assert rows[1] == ['fov:120', '0.3000', '0.4500', '-0.2000', '-0.1500', 'ok']
-    # the pipe of the error is escaped: the row keeps its six cells
-    assert markdown_table(results).splitlines()[-1].endswith('| failed: ValueError: no \\| point at all |')
-
-    without_clean = [CorruptionResult('fov:120', 'ok', mAP=0.3, NDS=0.45)]
-    add_deltas(without_clean)
-    assert without_clean[0].delta_mAP is None
 
 
 def test_default_corruptions_and_bad_specs(capsys):

@@ -17,7 +17,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..models.dense_heads.aqr_routing import QueryRouting, routing_of
+from ..models.dense_heads.query_router import QueryRouting, routing_of
 
 
 @dataclass

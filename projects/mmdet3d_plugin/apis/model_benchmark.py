@@ -1,33 +1,142 @@
-"""What ``tools/benchmark_model.py`` needs to compare two detectors fairly: smaller configs, shared weights,
-timing of every part of a run.
+"""Paired benchmark of two detector configs (default: CMT vs CMT-AQR) on fixed synthetic inputs
+(``tools/benchmark_model.py``; ``tools/check_gpu.py`` runs it on CUDA).
 
-* :func:`shrink_config` makes a config cheaper (point-cloud range, image size,
-  queries) without changing its architecture.
-* :func:`share_weights` copies every parameter and buffer the two models have
-  in common (same name and shape) from one into the other, so that e.g. CMT
-  and CMT-AQR differ only in AQR's own modules.
-* :class:`PartTimer` times the forward of chosen modules (hooks) and chosen
-  callables (wrappers): ``perf_counter`` on the CPU, CUDA events on the GPU;
-  :func:`timed_parts` lists the parts of a CMT detector worth a row.
+For every shape (a pair of configs, A and B), both detectors are built and
+initialised with the same seed, then B gets every parameter and buffer of A
+with the same name and shape (:func:`share_weights`; B keeps only its own new
+modules, e.g. AQR's). The inputs are fixed: one synthetic batch (seeded) of
+LiDAR points around random boxes and six cameras with valid ``lidar2img``
+(:mod:`.synthetic_batch`); no dataset is read. :func:`shrink_config` makes a
+config cheaper (point-cloud range, image size, queries) without changing its
+architecture.
+
+Modes: ``inference`` is ``simple_test`` under ``torch.no_grad`` (eval mode);
+``train`` is one training step: ``train_step`` (forward and losses, matching
+included), backward, the config's gradient clipping and optimizer step
+(:class:`.optimizer_step.OptimizerStep`: AdamW with the config's per-module
+learning rates), in fp32. ``freeze`` stops those submodules' parameters from
+training in A and B (no gradients, no saved activations, no optimizer state):
+AQR adds nothing to e.g. the image backbone, so a ratio measured with it
+frozen bounds the full step's ratio from above. After ``warmup`` runs of
+each, A and B run alternately (A B A B ...) ``pairs`` times; each result has
+each one's median time and the median of the paired ratios B/A with their min
+and max, so that a machine whose load changes affects both sides of each
+ratio alike. On the CPU, time is ``time.perf_counter``; on CUDA, CUDA events
+around the run.
+
+Per part (:mod:`.part_timer`): forward hooks on the backbones, necks, voxel
+layers and encoders, head, AQR weight and bias generators, transformer and
+each attention of each decoder layer, and wrappers around the head's ``loss``
+(Hungarian matching included) and its assigner's ``assign``; in training also
+the forward, backward and optimizer step as a whole. Mean milliseconds per run
+over the timed runs.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` minus the memory
+allocated before the run, the largest over the timed runs. On the CPU, as
+the attention benchmark does (:mod:`.process_memory`): in a separate process,
+after one warm-up run, ``VmHWM - VmRSS`` around one more run: the memory the
+run needs beyond the models and inputs (activations, gradients, outputs).
 """
+import dataclasses
+import gc
+import logging
+import statistics
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv import Config
 from torch import nn
 
-#: (row name, attribute path from the detector) of the modules timed with hooks, in data-flow order; nested
-#: rows (indented) are part of their parent's time
-MODULE_ROWS = (('img_backbone', 'img_backbone'), ('img_neck', 'img_neck'), ('pts_voxel_layer', 'pts_voxel_layer'),
-               ('pts_voxel_encoder', 'pts_voxel_encoder'), ('pts_middle_encoder', 'pts_middle_encoder'),
-               ('pts_backbone', 'pts_backbone'), ('pts_neck', 'pts_neck'), ('head', 'pts_bbox_head'),
-               ('  AQR weight generator', 'pts_bbox_head.aqr_weight_generator'),
-               ('  AQR bias generator', 'pts_bbox_head.attention_bias_generator'),
-               ('  transformer', 'pts_bbox_head.transformer'))
-LOSS_ROW = 'loss (matching included)'
-ASSIGNER_ROW = '  assigner (Hungarian matching)'
+from .optimizer_step import OptimizerStep
+from .part_timer import PartTimer, instrument
+from .process_memory import memory_in_subprocess, peak_rss_mib
+from .repo_paths import repo_path
+from .synthetic_batch import random_demo_batch
+
+#: shape name -> (config A, config B)
+SHAPES = {
+    'r50': ('configs/cmt_voxel0100_r50_800x320_cbgs.py', 'configs/cmt_aqr_voxel0100_r50_800x320_cbgs.py'),
+    'vov': ('configs/cmt_voxel0075_vov_1600x640_cbgs.py', 'configs/cmt_aqr_voxel0075_vov_1600x640_cbgs.py'),
+}
+CUSTOM_SHAPE = 'custom'
+MODES = ('inference', 'train')
+#: ``tiny``: a 19.2 m x 19.2 m range (a whole number of 16-voxel blocks at 0.1 m and 0.075 m), 64 x 160 images,
+#: 60 queries, 5 boxes and 2 000 points per sample
+TINY = dict(half_range=9.6, image_size=[64, 160], queries=60, boxes=5, points=2000)
+#: ``boxes`` and ``points`` without ``tiny``
+FULL = dict(boxes=30, points=30000)
+TRAIN_ROWS = ('forward (train_step)', 'backward', 'optimizer step')
+TOTAL_ROW = 'total'
+
+
+@dataclass
+class ModelBenchmarkOptions:
+    """What to compare and how (``tools/benchmark_model.py``'s options).
+
+    Attributes:
+        shapes (list[str]): keys of :data:`SHAPES` to run (unless ``configs``).
+        configs (list[str], optional): two configs (A, B) to compare instead.
+        modes (list[str]): ``inference`` and/or ``train``.
+        pairs (int): timed (A, B) pairs per shape and mode.
+        warmup (int): untimed runs of each model first.
+        threads (int, optional): ``torch.set_num_threads``.
+        device (str): ``cpu`` or ``cuda``.
+        seed (int): weights and inputs.
+        batch_size (int): samples per batch.
+        boxes (int, optional): ground-truth boxes per sample (default 30; tiny 5).
+        points (int, optional): LiDAR points per sample, around the boxes (default 30 000; tiny 2 000).
+        image_size (list[int], optional): camera image (H, W) (default: the config's; tiny 64 x 160).
+        half_range (float, optional): half side of the point cloud range in metres, voxel size kept.
+        queries (int, optional): the head's queries (default: the config's; tiny 60).
+        freeze (list[str]): detector submodules whose parameters do not train, in A and B.
+        cfg_options (dict): settings overridden in both configs.
+        tiny (bool): :data:`TINY` for every option not given.
+        memory (str): ``auto`` (CUDA allocator stats, or a separate CPU process) or ``none``.
+    """
+
+    shapes: List[str] = field(default_factory=lambda: sorted(SHAPES))
+    configs: Optional[List[str]] = None
+    modes: List[str] = field(default_factory=lambda: list(MODES))
+    pairs: int = 5
+    warmup: int = 1
+    threads: Optional[int] = None
+    device: str = 'cpu'
+    seed: int = 0
+    batch_size: int = 1
+    boxes: Optional[int] = None
+    points: Optional[int] = None
+    image_size: Optional[List[int]] = None
+    half_range: Optional[float] = None
+    queries: Optional[int] = None
+    freeze: List[str] = field(default_factory=list)
+    cfg_options: dict = field(default_factory=dict)
+    tiny: bool = False
+    memory: str = 'auto'
+
+    def resolved(self) -> 'ModelBenchmarkOptions':
+        """A copy with the options not given taken from :data:`TINY` (``tiny``) or :data:`FULL`."""
+        options = dataclasses.replace(self)
+        for name, value in (TINY if self.tiny else FULL).items():
+            if getattr(options, name) is None:
+                setattr(options, name, value)
+        return options
+
+
+def shape_configs(options: ModelBenchmarkOptions) -> Dict[str, Tuple[str, str]]:
+    """Shape name -> (config A, config B) paths to run."""
+    if options.configs:
+        return {CUSTOM_SHAPE: tuple(options.configs)}
+    return {shape: SHAPES[shape] for shape in options.shapes}
+
+
+def load_config(path: str, options: ModelBenchmarkOptions) -> Config:
+    """The config at ``path`` (relative to the repository root or not), shrunk as the options say."""
+    cfg = Config.fromfile(repo_path(path))
+    cfg.merge_from_dict(options.cfg_options)
+    return shrink_config(cfg, options.half_range, options.image_size, options.queries)
 
 
 def shrink_config(cfg: Config, half_range: Optional[float] = None, image_size: Optional[Sequence[int]] = None,
@@ -113,108 +222,204 @@ def share_weights(source: nn.Module, target: nn.Module) -> List[str]:
     return list(shared)
 
 
-class PartTimer:
-    """Milliseconds per named part of a model run, summed until :meth:`collect`.
+def freeze_modules(model: nn.Module, names: Sequence[str]) -> None:
+    """Stop the parameters of ``model``'s submodules ``names`` (e.g. ``img_backbone``) from requiring gradients."""
+    for name in names:
+        module = getattr(model, name, None)
+        if not isinstance(module, nn.Module):
+            children = ', '.join(child for child, _ in model.named_children())
+            raise ValueError(f'--freeze {name}: {type(model).__name__} has no submodule {name!r} '
+                             f'(it has: {children})')
+        module.requires_grad_(False)
 
-    Parts are module forwards (:meth:`hook`) and callables (:meth:`wrap`); a
-    part called several times per run (a module run once per decoding pass,
-    or again in a checkpointed backward) adds up. On the CPU each part is
-    timed with ``time.perf_counter``; on CUDA with a pair of CUDA events,
-    read in :meth:`collect` after a synchronisation, so that timing never
-    waits for the device inside the run.
+
+def build_pair(paths: Tuple[str, str],
+               options: ModelBenchmarkOptions) -> Tuple[List[nn.Module], List[Config], int]:
+    """Models A and B (B with A's shared weights, ``freeze`` applied) on ``options.device``, their configs, and
+    the shared tensor count."""
+    cfgs = [load_config(path, options) for path in paths]
+    models = [build_detector(cfg, options.seed) for cfg in cfgs]
+    shared = share_weights(models[0], models[1])
+    for model in models:
+        freeze_modules(model, options.freeze)
+    return [model.to(options.device) for model in models], cfgs, len(shared)
+
+
+def make_batch(cfg: Config, options: ModelBenchmarkOptions) -> dict:
+    """The fixed input batch of a shape (the same for A and B, every run)."""
+    generator = torch.Generator().manual_seed(options.seed)
+    return random_demo_batch(cfg, [options.boxes] * options.batch_size, options.device, generator,
+                             points_per_box=max(1, options.points // options.boxes))
+
+
+def make_run(model: nn.Module, cfg: Config, mode: str, batch: dict, timer: PartTimer) -> Callable[[], None]:
+    """One run of ``mode`` on ``batch``: ``simple_test`` without gradients, or a whole training step."""
+    if mode == 'inference':
+        model.eval()
+
+        def run_inference() -> None:
+            with torch.no_grad():
+                model.simple_test(batch['points'], batch['img_metas'], batch['img'])
+
+        return run_inference
+    model.train()
+    step = OptimizerStep(model, cfg)
+
+    def update() -> None:
+        step.clip_grads()
+        step.optimizer.step()
+        step.optimizer.zero_grad(set_to_none=True)
+
+    forward = timer.wrap(TRAIN_ROWS[0], model.train_step)
+    backward = timer.wrap(TRAIN_ROWS[1], torch.Tensor.backward)
+    update = timer.wrap(TRAIN_ROWS[2], update)
+
+    def run_train_step() -> None:
+        backward(forward(batch, None)['loss'])
+        update()
+
+    return run_train_step
+
+
+def timed_run(run: Callable[[], None], device: str) -> Tuple[float, Optional[float]]:
+    """Milliseconds of one run and, on CUDA, the peak memory (MiB) it allocated beyond what was allocated before."""
+    gc.collect()
+    if not device.startswith('cuda'):
+        start = time.perf_counter()
+        run()
+        return (time.perf_counter() - start) * 1e3, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    run()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end), (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def paired_runs(runs: Sequence[Callable[[], None]], timers: Sequence[PartTimer],
+                options: ModelBenchmarkOptions) -> dict:
+    """``warmup`` then ``pairs`` alternated runs of A and B: times, peak memory and mean ms per part."""
+    for warmup in range(options.warmup):
+        for side, run in enumerate(runs):
+            start = time.perf_counter()
+            run()
+            print(f'  warm-up {warmup + 1}/{options.warmup} {"AB"[side]}: {time.perf_counter() - start:.1f} s',
+                  flush=True)
+    for timer in timers:
+        timer.collect()
+    times: List[List[float]] = [[], []]
+    peaks: List[List[float]] = [[], []]
+    parts = [dict(), dict()]
+    for pair in range(options.pairs):
+        for side, run in enumerate(runs):
+            milliseconds, peak = timed_run(run, options.device)
+            times[side].append(milliseconds)
+            if peak is not None and options.memory == 'auto':
+                peaks[side].append(peak)
+            for name, value in timers[side].collect().items():
+                parts[side][name] = parts[side].get(name, 0.0) + value
+        print(f'  pair {pair + 1}/{options.pairs}: A {times[0][-1] / 1e3:.2f} s, B {times[1][-1] / 1e3:.2f} s, '
+              f'B/A {times[1][-1] / times[0][-1]:.3f}', flush=True)
+    ratios = [b / a for a, b in zip(*times)]
+    return dict(
+        times_ms=dict(A=times[0], B=times[1]),
+        median_ms=dict(A=statistics.median(times[0]), B=statistics.median(times[1])),
+        ratio=dict(median=statistics.median(ratios), min=min(ratios), max=max(ratios), pairs=ratios),
+        peak_mib=dict(A=max(peaks[0]) if peaks[0] else None, B=max(peaks[1]) if peaks[1] else None),
+        parts_ms=[{name: value / options.pairs for name, value in side.items()} for side in parts])
+
+
+def merge_rows(first: Sequence[str], second: Sequence[str]) -> List[str]:
+    """``first`` with every row only in ``second`` inserted after its predecessor there (data-flow order)."""
+    merged = list(first)
+    for index, row in enumerate(second):
+        if row not in merged:
+            merged.insert(merged.index(second[index - 1]) + 1 if index else 0, row)
+    return merged
+
+
+def benchmark_shape(shape: str, paths: Tuple[str, str], options: ModelBenchmarkOptions) -> List[dict]:
+    """Every mode of one config pair: a result dict per mode (see :func:`paired_runs`, plus the part rows)."""
+    models, cfgs, num_shared = build_pair(paths, options)
+    batch = make_batch(cfgs[0], options)
+    timers = [PartTimer(torch.device(options.device)) for _ in models]
+    part_rows = [instrument(model, timer) for model, timer in zip(models, timers)]
+    points = [len(p) for p in batch['points']]
+    frozen = f'; frozen (no training): {", ".join(options.freeze)}' if options.freeze else ''
+    frozen += ''.join(f'; {key}={value}' for key, value in options.cfg_options.items())
+    print(f'\n{shape}: A = {paths[0]}, B = {paths[1]}; B got {num_shared} of A\'s tensors{frozen}; inputs: '
+          f'{options.batch_size} x ({points[0]} points, {options.boxes} boxes, 6 cameras '
+          f'{"x".join(map(str, batch["img"].shape[-2:]))}); {cfgs[0].model.pts_bbox_head.num_query} queries',
+          flush=True)
+    results = []
+    for mode in options.modes:
+        runs = [make_run(model, cfg, mode, batch, timer) for model, cfg, timer in zip(models, cfgs, timers)]
+        result = dict(shape=shape, mode=mode, configs=list(paths), shared_tensors=num_shared,
+                      frozen=list(options.freeze), cfg_options=dict(options.cfg_options), points_per_sample=points,
+                      **paired_runs(runs, timers, options))
+        extra = list(TRAIN_ROWS) if mode == 'train' else []
+        rows = merge_rows(part_rows[0] + extra, part_rows[1] + extra)
+        result['part_rows'] = [row for row in rows if any(row in side for side in result['parts_ms'])] + [TOTAL_ROW]
+        for side, name in enumerate('AB'):
+            result['parts_ms'][side][TOTAL_ROW] = statistics.mean(result['times_ms'][name])
+        results.append(result)
+        print(f'{shape} {mode}: A {result["median_ms"]["A"]:.1f} ms, B {result["median_ms"]["B"]:.1f} ms, '
+              f'B/A {result["ratio"]["median"]:.3f}', flush=True)
+    return results
+
+
+def _set_up(options: ModelBenchmarkOptions) -> None:
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    logging.getLogger('mmcv').setLevel(logging.WARNING)  # init_weights lists every parameter at INFO
+
+
+def measure_memory(job: dict) -> Dict[str, List[float]]:
+    """Mode -> [peak MiB of A, of B] of one run beyond the models and inputs (CPU; see the module doc).
 
     Args:
-        device (torch.device): where the model runs.
+        job (dict): ``options`` (the fields of :class:`ModelBenchmarkOptions`),
+            ``paths`` (configs A and B); JSON, as :func:`~.process_memory.memory_in_subprocess` passes it.
     """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = torch.device(device).type == 'cuda'
-        self._totals: Dict[str, float] = defaultdict(float)
-        self._open: Dict[str, list] = defaultdict(list)
-        self._pending: List[Tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-
-    def _now(self) -> Union[float, torch.cuda.Event]:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def start(self, name: str) -> None:
-        self._open[name].append(self._now())
-
-    def stop(self, name: str) -> None:
-        begin, end = self._open[name].pop(), self._now()
-        if self.cuda:
-            self._pending.append((name, begin, end))
-        else:
-            self._totals[name] += (end - begin) * 1e3
-
-    def hook(self, name: str, module: nn.Module) -> None:
-        """Time every forward of ``module`` as ``name``."""
-        module.register_forward_pre_hook(lambda *_: self.start(name))
-        module.register_forward_hook(lambda *_: self.stop(name))
-
-    def wrap(self, name: str, function: Callable) -> Callable:
-        """``function``, timed as ``name`` on every call."""
-
-        def timed(*args, **kwargs):
-            self.start(name)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.stop(name)
-
-        return timed
-
-    def collect(self) -> Dict[str, float]:
-        """Milliseconds per part since the last call (synchronises CUDA); starts a new sum."""
-        if self._pending:
-            torch.cuda.synchronize()
-            for name, begin, end in self._pending:
-                self._totals[name] += begin.elapsed_time(end)
-        totals = dict(self._totals)
-        self._totals.clear()
-        self._pending.clear()
-        return totals
+    options = ModelBenchmarkOptions(**job['options'])
+    _set_up(options)
+    models, cfgs, _ = build_pair(tuple(job['paths']), options)
+    batch = make_batch(cfgs[0], options)
+    peaks = {}
+    for mode in options.modes:
+        peaks[mode] = []
+        for model, cfg in zip(models, cfgs):
+            run = make_run(model, cfg, mode, batch, PartTimer(torch.device('cpu')))
+            run()
+            gc.collect()
+            peaks[mode].append(peak_rss_mib(run))
+    return peaks
 
 
-def timed_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
-    """(row name, module) of the parts of a CMT detector to time, in data-flow order.
-
-    The rows of :data:`MODULE_ROWS` the model has, then, after the
-    transformer, each attention of each decoder layer (``decoder layer i
-    self_attn`` / ``cross_attn``, after the layer's ``operation_order``).
-    """
-    parts = []
-    for name, path in MODULE_ROWS:
-        try:
-            module = model.get_submodule(path)
-        except AttributeError:  # e.g. CMT has no AQR modules (they are None)
-            continue
-        parts.append((name, module))
-        if path == 'pts_bbox_head.transformer':
-            for index, layer in enumerate(module.decoder.layers):
-                kinds = [op for op in layer.operation_order if op in ('self_attn', 'cross_attn')]
-                parts += [(f'    decoder layer {index} {kind}', attention)
-                          for kind, attention in zip(kinds, layer.attentions)]
-    return parts
-
-
-def instrument(model: nn.Module, timer: PartTimer) -> List[str]:
-    """Hook :func:`timed_parts` and wrap the head's ``loss`` and its assigner's ``assign`` into ``timer``.
+def run_model_benchmark(options: ModelBenchmarkOptions) -> dict:
+    """Every shape and mode of ``options`` (resolved), printing a header and progress lines.
 
     Returns:
-        list[str]: the row names, in data-flow order.
+        dict: ``torch``, ``device``, ``threads``, ``settings`` (the options)
+        and ``results``: per shape and mode, :func:`benchmark_shape`'s dict
+        with ``peak_mib`` ``{'A': MiB, 'B': MiB}`` (None without memory).
     """
-    parts = timed_parts(model)
-    for name, module in parts:
-        timer.hook(name, module)
-    rows = [name for name, _ in parts]
-    head = model.pts_bbox_head
-    head.loss = timer.wrap(LOSS_ROW, head.loss)
-    rows.append(LOSS_ROW)
-    if getattr(head, 'assigner', None) is not None:
-        head.assigner.assign = timer.wrap(ASSIGNER_ROW, head.assigner.assign)
-        rows.append(ASSIGNER_ROW)
-    return rows
+    options = options.resolved()
+    _set_up(options)
+    device_name = torch.cuda.get_device_name() if options.device.startswith('cuda') else 'cpu'
+    print(f'# benchmark_model: torch {torch.__version__}, device {device_name}, {torch.get_num_threads()} threads, '
+          f'{options.pairs} pairs after {options.warmup} warm-up runs each, modes {options.modes}', flush=True)
+    results = []
+    for shape, paths in shape_configs(options).items():
+        shape_results = benchmark_shape(shape, paths, options)
+        gc.collect()  # the shape's models (reference cycles through the timers' wrappers) before the next ones
+        if options.memory == 'auto' and not options.device.startswith('cuda'):
+            peaks = memory_in_subprocess(measure_memory, dict(options=dataclasses.asdict(options), paths=list(paths)))
+            for result in shape_results:
+                result['peak_mib'] = dict(zip('AB', peaks[result['mode']]))
+        results += shape_results
+    return dict(torch=torch.__version__, device=device_name, threads=torch.get_num_threads(),
+                settings=dataclasses.asdict(options), results=results)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..models.aqr.routing_targets import count_points_in_boxes
-from ..models.dense_heads.aqr_routing import routing_of
+from ..models.dense_heads.query_router import routing_of
 from ..models.utils.camera_geometry import stack_lidar2img
 from .decoder_capture import capture_decoder
 from .study_metrics import SampleObservation, camera_meta_of

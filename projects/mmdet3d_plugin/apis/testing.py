@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..datasets.corruption_config import corrupt_config
 from ..datasets.pipelines.corruption import CORRUPTION_FORMS, parse_corruption
 from ..mmcv_custom.launch import load_config
-from ..models.dense_heads.aqr_routing import TEST_ROUTINGS
+from ..models.dense_heads.query_router import TEST_ROUTINGS
 
 #: ``evaluation`` config keys that belong to mmcv's EvalHook, not to ``dataset.evaluate``.
 EVAL_HOOK_KEYS = ('interval', 'tmpdir', 'start', 'gpu_collect', 'save_best', 'rule')

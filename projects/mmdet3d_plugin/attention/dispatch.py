@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from .backends import BACKENDS, AttentionCall
-from .bias import AttentionBias, BiasPart, DenseBias, WindowBias, as_attention_bias
+from .bias import AttentionBias, BiasPart, as_attention_bias
 
 BiasLike = Union[None, Tensor, BiasPart, AttentionBias]
 
@@ -111,13 +111,13 @@ def dense_elements(call: AttentionCall) -> int:
 def size_rule_key(call: AttentionCall) -> Tuple[str, str]:
     """The key of :data:`DENSE_BIAS_MAX_ELEMENTS` that applies to ``call``: (``'window'`` | ``'segment'``,
     ``'fwdbwd'`` | ``'fwd'``)."""
-    window = call.bias is not None and any(isinstance(p, WindowBias) for p in call.bias.parts)
+    window = call.bias is not None and any(part.is_window for part in call.bias.parts)
     return ('window' if window else 'segment'), ('fwdbwd' if call.needs_grad else 'fwd')
 
 
 def _auto_order(call: AttentionCall) -> Tuple[Tuple[str, ...], str]:
     """The preference list for ``call`` and why it is that list."""
-    structured = call.bias is not None and any(not isinstance(p, DenseBias) for p in call.bias.parts)
+    structured = call.bias is not None and any(part.is_structured for part in call.bias.parts)
     if not structured:
         return (('flash_attn', 'sdpa', 'math') if call.device_type == 'cuda' else ('sdpa', 'math')), \
             'no structured bias'

@@ -1,5 +1,6 @@
 """mmcv runner extensions used by CMT's configs, and CPU fixes for spconv (applied on import)."""
 from .checkpoint import AtomicCheckpointHook, find_latest_valid_checkpoint
+from .device_log import DeviceLogBuffer, DeviceLogOptimizerHook
 from .fp16_optimizer_hook import CustomFp16OptimizerHook
 from .seeding import EpochSeedHook
 from .spconv_cpu import patch_spconv_cpu_stream
@@ -9,6 +10,6 @@ patch_spconv_cpu_stream()
 patch_spconv_cpu_scatter_add()
 
 __all__ = [
-    'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'EpochSeedHook', 'find_latest_valid_checkpoint',
-    'patch_spconv_cpu_scatter_add', 'patch_spconv_cpu_stream'
+    'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'DeviceLogBuffer', 'DeviceLogOptimizerHook', 'EpochSeedHook',
+    'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add', 'patch_spconv_cpu_stream'
 ]

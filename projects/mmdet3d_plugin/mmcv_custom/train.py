@@ -14,6 +14,12 @@ wrapper, optimizer, runner, hooks, evaluation, resume), except that
   (mmdet's seeded ``DistributedGroupSampler``, in single-process runs too,
   where it is rank 0 of 1), and :class:`.seeding.EpochSeedHook` re-seeds the
   random generators at every epoch start;
+* the training log is read once per logging interval, not once per
+  variable and step: the detector keeps its log variables on the device
+  (``keep_log_vars_on_device``), the runner's ``log_buffer`` is a
+  :class:`.device_log.DeviceLogBuffer`, and an ``optimizer_config`` without
+  a ``type`` builds :class:`.device_log.DeviceLogOptimizerHook` (mmcv's
+  ``OptimizerHook`` logging the gradient norm unread);
 * auto-resume takes the newest checkpoint that loads
   (:func:`.checkpoint.find_latest_valid_checkpoint`), and an explicit
   ``resume_from`` that does not load is a clear error.
@@ -28,6 +34,7 @@ from mmdet.utils import compat_cfg, get_root_logger
 from mmdet3d.datasets import build_dataset
 
 from .checkpoint import check_resumable, find_latest_valid_checkpoint
+from .device_log import DeviceLogBuffer
 from .freeze_parameters import freeze_before_wrapping
 from .parallel import wrap_model
 from .seeding import EpochSeedHook
@@ -58,13 +65,19 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
     data_loaders = [build_dataloader(dataset, **loader_args) for dataset in datasets]
 
     freeze_before_wrapping(model, cfg.get('custom_hooks', None))
+    if hasattr(model, 'keep_log_vars_on_device'):
+        model.keep_log_vars_on_device = True
     model = wrap_model(model, cfg.device, distributed, gpu_ids=cfg.gpu_ids, broadcast_buffers=False,
                        find_unused_parameters=cfg.get('find_unused_parameters', False))
     optimizer = build_optimizer(model, cfg.optimizer)
     runner = build_runner(cfg.runner, default_args=dict(model=model, optimizer=optimizer, work_dir=cfg.work_dir,
                                                         logger=logger, meta=meta))
     runner.timestamp = timestamp
-    runner.register_training_hooks(cfg.lr_config, cfg.optimizer_config, cfg.checkpoint_config, cfg.log_config,
+    runner.log_buffer = DeviceLogBuffer()
+    optimizer_config = cfg.optimizer_config
+    if isinstance(optimizer_config, dict) and 'type' not in optimizer_config:
+        optimizer_config = dict(optimizer_config, type='DeviceLogOptimizerHook')
+    runner.register_training_hooks(cfg.lr_config, optimizer_config, cfg.checkpoint_config, cfg.log_config,
                                    cfg.get('momentum_config', None),
                                    custom_hooks_config=cfg.get('custom_hooks', None))
     if isinstance(runner, EpochBasedRunner):

@@ -10,7 +10,6 @@ from test_image_aux_head import IMAGE_HEAD, gts
 from projects.mmdet3d_plugin.models.aqr.bias_generator import AttentionBiasGenerator
 from projects.mmdet3d_plugin.models.aqr.projection import project_reference_points
 from projects.mmdet3d_plugin.models.dense_heads.camera_window_prior import CameraWindowPrior
-from projects.mmdet3d_plugin.models.dense_heads.key_range_bias import restrict_to_keys
 
 PRIOR = dict(window_size=5, bias=4.0)
 # two views of a 64 x 96 image, feature maps 8 x 12 (stride 8); the camera looks along +x (view 1) or -x (view 0):
@@ -30,13 +29,13 @@ def normalised(points):
 
 def recording_transformer(head):
     """Make ``head`` record the cross_attn_bias its transformer gets."""
-    biases, run = [], head._run_transformer
+    biases, run = [], head.transformer.forward
 
-    def record(*args):
-        biases.append(args[6])  # cross_attn_bias
-        return run(*args)
+    def record(*args, **kwargs):
+        biases.append(kwargs['cross_attn_bias'])
+        return run(*args, **kwargs)
 
-    head._run_transformer = record
+    head.transformer.forward = record
     return biases
 
 
@@ -88,7 +87,7 @@ def test_prior_equals_the_camera_part_of_aqr_local_bias_for_a_constant_weight():
     info = project_reference_points(ref, PC_RANGE, bev_shape, CAMERA_SHAPE, [META])
     weights = torch.full((1, 4), 0.9)
     generator = AttentionBiasGenerator(window_size=5, bias_scale=5.0, learnable_scale=False)
-    aqr = restrict_to_keys(generator(weights, weights, info, bev_shape, CAMERA_SHAPE), num_bev, num_bev + 2 * 8 * 12)
+    aqr = generator(weights, weights, info, bev_shape, CAMERA_SHAPE).restrict_keys(num_bev, num_bev + 2 * 8 * 12)
     prior = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, [META])
     assert prior.to_dense().abs().sum() > 0
     torch.testing.assert_close(prior.to_dense(), aqr.to_dense())
@@ -103,13 +102,13 @@ def test_attention_applies_the_structured_bias_exactly(backend, cmt_test_data):
         layer.attentions[1].attn.backend = backend
     _, img = features()
     img_metas = cmt_test_data['make_img_metas'](2)
-    query_embed = head.query_pos_embed(head.reference_points.weight[None].expand(2, -1, -1), img_metas)
-    rv_pos = head.rv_pos_embed(img, img_metas)
-    bias = head.camera_prior_bias(head.reference_points.weight[None].expand(2, -1, -1), img, img_metas)
+    reference_points = head.reference_points.weight[None].expand(2, -1, -1)
+    query_embed = head.positions.queries(reference_points, img_metas)
+    rv_pos = head.positions.frustum(img, img_metas)
+    bias = head.camera_aids.window_prior_bias(reference_points, img, img_metas)()
     assert bias.num_keys == 2 * 4 * 10 and bias.to_dense().abs().sum() > 0
-    structured = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias, head.transformer)
-    dense = head._run_transformer(None, None, img, rv_pos, query_embed, None, bias.to_dense(), head.transformer)
-    unbiased = head._run_transformer(None, None, img, rv_pos, query_embed, None, None, head.transformer)
+    structured, dense, unbiased = (head.transformer(None, img, query_embed, None, rv_pos, cross_attn_bias=cross)[0]
+                                   for cross in (bias, bias.to_dense(), None))
     torch.testing.assert_close(structured, dense, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(structured, unbiased)
 
@@ -122,7 +121,7 @@ def test_head_with_the_prior_trains_and_runs_at_test_time(cmt_test_data):
     img_metas = cmt_test_data['make_img_metas'](2)
     boxes, labels = gts()
     preds = head.train()([None], [img], img_metas, boxes, labels)
-    pad_size = preds[0][0]['dn_queries'].pad_size
+    pad_size = preds.dn_queries.pad_size
     assert biases[-1].num_queries == pad_size + head.num_query, 'DN queries get the prior too'
     assert biases[-1].to_dense()[:, :, :pad_size].abs().sum() > 0
     losses = head.loss(boxes, labels, preds)

@@ -1,11 +1,11 @@
-"""CmtHead: position encodings from the feature sizes, DN queries, the cross-attention bias seam, losses, boxes."""
+"""CmtHead: DN queries, the cross-attention bias seam, losses, boxes, the LiDAR-only / camera-only aliases."""
 import pytest
 import torch
 from mmdet.models.builder import build_head
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import RoutedInputs
-from projects.mmdet3d_plugin.models.utils.positional_encoding import bev_grid_coords, pos2embed
+from projects.mmdet3d_plugin.models.dense_heads import CmtHead
+from projects.mmdet3d_plugin.models.dense_heads.head_outputs import HeadOutputs
 
 PC_RANGE = [-12.0, -12.0, -5.0, 12.0, 12.0, 3.0]
 C, LAYERS, NUM_QUERY = 32, 2, 12
@@ -49,38 +49,6 @@ def metas(cmt_test_data, bs=2):
     return cmt_test_data['make_img_metas'](bs)
 
 
-def test_bev_position_embedding_follows_the_feature_map():
-    head = head_cfg()
-    embed = head.bev_pos_embed(5, 6, torch.device('cpu'))
-    assert embed.shape == (30, C)
-    # token h * W + w is the cell (row h, column w): x from the column, y from the row
-    cell = torch.tensor([[(3 + 0.5) / 6, (2 + 0.5) / 5]])
-    torch.testing.assert_close(embed[2 * 6 + 3], head.bev_embedding(pos2embed(cell, C))[0])
-    torch.testing.assert_close(bev_grid_coords(5, 6)[2 * 6 + 3], cell[0])
-
-
-def test_camera_position_embedding_sizes_come_from_the_features(cmt_test_data):
-    head = head_cfg()
-    _, img = features()
-    embed = head.rv_pos_embed(img, metas(cmt_test_data))
-    assert embed.shape == (4, 4, 10, C)
-    with pytest.raises(ValueError, match='views'):
-        head.rv_pos_embed(img[:3], metas(cmt_test_data))
-
-
-def test_query_embedding_sums_only_the_views_that_see_the_point(cmt_test_data):
-    head = head_cfg()
-    img_metas = metas(cmt_test_data, bs=1)
-    ahead = torch.tensor([[[0.75, 0.5, 0.6]]])  # x = +6 m: in the front camera only
-    above = torch.tensor([[[0.5, 0.5, 1.0]]])  # straight above the cameras: in no view
-    bev_only = head.bev_embedding(pos2embed(above, C))
-    torch.testing.assert_close(head.query_pos_embed(above, img_metas), bev_only)
-    camera_part = head.query_pos_embed(ahead, img_metas) - head.bev_embedding(pos2embed(ahead, C))
-    assert camera_part.abs().sum() > 0
-    front_only = dict(img_metas[0], lidar2img=img_metas[0]['lidar2img'][:1], pad_shape=img_metas[0]['pad_shape'][:1])
-    torch.testing.assert_close(head._camera_query_embed(ahead, [front_only]), camera_part)
-
-
 def test_cross_attention_bias_reaches_every_decoder_layer(cmt_test_data):
     """A bias that blocks every camera key makes the output independent of the camera features."""
     head = head_cfg().eval()
@@ -88,15 +56,16 @@ def test_cross_attention_bias_reaches_every_decoder_layer(cmt_test_data):
     img_metas = metas(cmt_test_data)
     num_bev = bev.shape[-2] * bev.shape[-1]
 
-    def block_camera(reference_points, query_embed, bev_feat, bev_pos, img_feat, rv_pos, img_metas, dn_queries):
-        num_camera = img_feat.shape[0] // bev_feat.shape[0] * img_feat.shape[2] * img_feat.shape[3]
+    def block_camera(reference_points, query_embed, memory, img_metas, num_dn, oracle):
+        img_feat = memory.img_feat
+        num_camera = img_feat.shape[0] // bev.shape[0] * img_feat.shape[2] * img_feat.shape[3]
         mask = torch.zeros(reference_points.shape[1], num_bev + num_camera, dtype=torch.bool)
         mask[:, num_bev:] = True
-        return RoutedInputs(bev_feat, img_feat, mask, None)
+        return memory._replace(cross_attn_bias=mask), None
 
     baseline = head([bev], [img], img_metas)[0][0]['cls_logits']
     assert not torch.allclose(baseline, head([bev], [torch.randn_like(img)], img_metas)[0][0]['cls_logits'])
-    head.route_queries = block_camera
+    head.router.route = block_camera
     blocked = head([bev], [img], img_metas)[0][0]['cls_logits']
     blocked_other = head([bev], [torch.randn_like(img)], img_metas)[0][0]['cls_logits']
     torch.testing.assert_close(blocked, blocked_other)
@@ -109,9 +78,9 @@ def test_training_forward_adds_dn_queries_and_eval_does_not(cmt_test_data):
     boxes = [cmt_test_data['random_boxes'](3), cmt_test_data['random_boxes'](1)]
     labels = [torch.tensor([0, 3, 4]), torch.tensor([1])]
     preds = head.train()([bev], [img], img_metas, boxes, labels)
-    assert len(preds) == 2  # two tasks
+    assert isinstance(preds, HeadOutputs) and len(preds) == 2  # two tasks
     task = preds[1][0]
-    dn = task['dn_queries']
+    dn = preds.dn_queries
     assert dn.groups == min(10, NUM_QUERY // 3) and dn.pad_size == 3 * dn.groups
     assert task['center'].shape == (LAYERS, 2, NUM_QUERY, 2)
     assert task['dn_center'].shape == (LAYERS, 2, dn.pad_size, 2)
@@ -128,7 +97,8 @@ def test_training_forward_adds_dn_queries_and_eval_does_not(cmt_test_data):
     with pytest.raises(ValueError, match='gt_bboxes_3d'):
         head([bev], [img], img_metas)
     eval_preds = head.eval()([bev], [img], img_metas)
-    assert 'dn_queries' not in eval_preds[0][0] and eval_preds[0][0]['center'].shape[2] == NUM_QUERY
+    assert eval_preds.dn_queries is None and 'dn_center' not in eval_preds[0][0]
+    assert eval_preds[0][0]['center'].shape[2] == NUM_QUERY
 
 
 def test_without_dn_there_are_no_dn_losses(cmt_test_data):
@@ -158,9 +128,11 @@ def test_lidar_and_camera_variants(cmt_test_data):
     bev, img = features()
     img_metas = metas(cmt_test_data)
     lidar = head_cfg('CmtLidarHead', 'CmtLidarTransformer').eval()
+    assert type(lidar) is CmtHead and lidar.pass_plan.modalities == ('lidar', )
     assert not hasattr(lidar, 'rv_embedding')
     assert lidar([bev], [None], img_metas)[0][0]['vel'].shape == (LAYERS, 2, NUM_QUERY, 2)
     camera = head_cfg('CmtImageHead', 'CmtImageTransformer').eval()
+    assert type(camera) is CmtHead and camera.pass_plan.modalities == ('camera', )
     assert not hasattr(camera, 'shared_conv')
     assert camera([None], [img], img_metas)[0][0]['rot'].shape == (LAYERS, 2, NUM_QUERY, 2)
     with pytest.raises(ValueError, match='camera'):
@@ -180,8 +152,10 @@ def test_bad_configs_and_inputs_raise(cmt_test_data):
     with pytest.raises(TypeError):
         head_cfg(not_an_option=1)
     head = head_cfg().train()
+    boxes, labels = [cmt_test_data['random_boxes'](1)] * 2, [torch.tensor([7])] * 2
+    preds = head([bev], [img], metas(cmt_test_data), boxes, labels)  # the labels are read by the loss, not forward
     with pytest.raises(ValueError, match='labels'):
-        head([bev], [img], metas(cmt_test_data), [cmt_test_data['random_boxes'](1)] * 2, [torch.tensor([7])] * 2)
+        head.loss(boxes, labels, preds)
 
 
 def test_init_weights_reaches_every_task_head():

@@ -8,7 +8,7 @@ from mmdet3d.models import build_model
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
-from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import QueryRouting, routing_of
+from projects.mmdet3d_plugin.models.dense_heads.query_router import QueryRouting, routing_of
 from projects.mmdet3d_plugin.models.utils import petr_attention
 
 AQR_CONFIGS = ('cmt_aqr_voxel0100_r50_800x320_cbgs', 'cmt_aqr_voxel0075_vov_1600x640_cbgs')
@@ -161,7 +161,7 @@ def test_local_bias_reaches_every_layer_and_dn_queries_get_none(cmt_test_data, m
     data = cmt_test_data['random_batch']((3, 2))
     img_feats, pts_feats = model.extract_feat(data['points'], data['img'], data['img_metas'])
     preds = model.pts_bbox_head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'])
-    num_dn = preds[0][0]['dn_queries'].pad_size
+    num_dn = preds.dn_queries.pad_size
     assert num_dn > 0
     assert len(recorder.biases) == 6 and all(bias is recorder.biases[0] for bias in recorder.biases)
     dense = recorder.biases[0].to_dense()

@@ -14,8 +14,8 @@ from mmdet3d.models import build_model
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.core.host_data import HostCopyCounter
-from projects.mmdet3d_plugin.models.dense_heads.modality_passes import FusedBlankViews
+from projects.mmdet3d_plugin.utils.host_data import HostCopyCounter
+from projects.mmdet3d_plugin.models.utils.camera_blanking import FusedBlankViews
 
 
 @pytest.mark.parametrize('use_local_bias, modality_passes, fused_black',
@@ -34,8 +34,6 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
     with torch.no_grad():
         img_feats, pts_feats = model.extract_feat(data['points'], data['img'], data['img_metas'])
     head = model.pts_bbox_head
-    # the ground-truth check reads the labels on the host (once per batch, before the decoder): run it for real
-    boxes, labels = head.gt_boxes_and_labels(data['gt_bboxes_3d'], data['gt_labels_3d'])
     with FakeTensorMode(allow_non_fake_inputs=True):
         head = head.to('cuda')
         pts_feats = [f.to('cuda') for f in pts_feats]
@@ -44,26 +42,25 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
         if fused_black:
             num_views = img_feats[0].size(0) // 2
             extra = dict(fused_blank_views=FusedBlankViews((False, True), img_feats[0][:num_views] * 0.5))
-        checked = [b.to('cuda') for b in boxes], [label.to('cuda') for label in labels]
-        monkeypatch.setattr(head, 'gt_boxes_and_labels', lambda *args: checked)
+        # the ground truth arrives on the device, as the data-parallel wrapper scatters it; its labels are read
+        # (checked against the classes) by the loss only, where the host waits for the matching anyway
+        gt_bboxes_3d = [boxes.to('cuda') for boxes in data['gt_bboxes_3d']]
+        gt_labels_3d = [labels.to('cuda') for labels in data['gt_labels_3d']]
         # torch.autocast turns itself off when built without a CUDA runtime; the fake CUDA tensors need none
         with monkeypatch.context() as patch:
             patch.setattr(torch.cuda, 'is_available', lambda: True)
             autocast = torch.autocast('cuda', torch.float16)
         with autocast, HostCopyCounter() as host_copies:
             assert torch.is_autocast_enabled('cuda')
-            outputs = head(pts_feats, img_feats, data['img_metas'], data['gt_bboxes_3d'], data['gt_labels_3d'],
-                           **extra)
+            outputs = head(pts_feats, img_feats, data['img_metas'], gt_bboxes_3d, gt_labels_3d, **extra)
         # img_metas come to the device through pinned memory, constants from the per-device cache
         assert host_copies.copies == [], 'blocking host-to-device copies (stream synchronisations on a GPU)'
         task = outputs[0][0]
         assert task['cls_logits'].dtype == torch.float16, 'the head did not run under fp16 autocast'
         assert task['center'].device.type == 'cuda'
-        assert task['dn_queries'] is not None and 'dn_center' in task, 'no DN queries ran'
+        assert outputs.dn_queries is not None and 'dn_center' in task, 'no DN queries ran'
         assert task['cls_logits'].shape[:3] == (cfg.model.pts_bbox_head.transformer.decoder.num_layers, 2,
                                                 cmt_test_data['num_query'])
-        routing = task['aqr_routing']
-        assert routing is not None
-        passes = task.get('modality_passes', {})
-        assert tuple(passes) == modality_passes[1:]
-        assert all(p[0][0]['cls_logits'].shape == task['cls_logits'].shape for p in passes.values())
+        assert outputs.routing is not None
+        assert tuple(outputs.passes) == modality_passes[1:]
+        assert all(p.tasks[0][0]['cls_logits'].shape == task['cls_logits'].shape for p in outputs.passes.values())

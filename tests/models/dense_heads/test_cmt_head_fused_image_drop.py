@@ -5,9 +5,9 @@ from mmdet3d.models import build_model
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.models.dense_heads.modality_passes import (FusedBlankViews, black_camera_images,
-                                                                         blank_camera_views, replace_sample_views,
-                                                                         with_dropped_images)
+from projects.mmdet3d_plugin.models.utils.camera_blanking import (FusedBlankViews, black_camera_images,
+                                                                  blank_camera_views, replace_sample_views,
+                                                                  with_dropped_images)
 from test_cmt_head import features, head_cfg
 
 AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
@@ -63,7 +63,7 @@ def decode(head, bev, img, img_metas, boxes, labels, fused_blank_views=None):
     torch.manual_seed(1)  # the same DN queries
     preds = head([bev], [img], img_metas, boxes, labels, fused_blank_views=fused_blank_views)
     fused = torch.cat([task[0]['cls_logits'] for task in preds], dim=-1)
-    camera = torch.cat([task[0]['cls_logits'] for task in preds[0][0]['modality_passes']['camera']], dim=-1)
+    camera = torch.cat([task[0]['cls_logits'] for task in preds.passes['camera'].tasks], dim=-1)
     return preds, fused, camera
 
 
@@ -81,9 +81,9 @@ def test_fused_pass_and_routing_decode_the_black_views_and_the_camera_pass_the_r
     torch.testing.assert_close(fused, black_fused, rtol=0, atol=0)
     torch.testing.assert_close(camera, real_camera, rtol=0, atol=0)
     assert not torch.allclose(fused[:, 1], real_fused[:, 1])
-    routing_metas = preds[0][0]['aqr_routing'].img_metas
+    routing_metas = preds.routing.img_metas
     assert [meta.get('dropped_modalities', []) for meta in routing_metas] == [[], ['image']]
-    assert preds[0][0]['modality_passes']['camera'][0][0]['trained_samples'] == (True, True)
+    assert preds.passes['camera'].trained_samples == (True, True)
     assert 'dropped_modalities' not in img_metas[1], "the caller's metas unchanged"
 
 
@@ -96,9 +96,9 @@ def test_camera_depth_position_lifts_the_black_views_at_their_own_depth(cmt_test
     boxes = [cmt_test_data['random_boxes'](2), cmt_test_data['random_boxes'](1)]
     labels = [torch.tensor([0, 3]), torch.tensor([1])]
     depth_inputs, frustum_inputs = [], []
-    token_depth_pos_embed, frustum_pos_embed = head.token_depth_pos_embed, head.frustum_pos_embed
-    head.token_depth_pos_embed = lambda depth, metas: depth_inputs.append(depth) or token_depth_pos_embed(depth, metas)
-    head.frustum_pos_embed = lambda feat, metas: frustum_inputs.append(feat) or frustum_pos_embed(feat, metas)
+    token_depth_pos_embed, frustum_pos_embed = head.positions.token_depth, head.positions.frustum
+    head.positions.token_depth = lambda depth, metas: depth_inputs.append(depth) or token_depth_pos_embed(depth, metas)
+    head.positions.frustum = lambda feat, metas: frustum_inputs.append(feat) or frustum_pos_embed(feat, metas)
     preds, _, _ = decode(head, bev, img, img_metas, boxes, labels, FusedBlankViews((False, True), black))
     real_depth, fused_depth = depth_inputs
     assert len(frustum_inputs) == 1, 'the black views keep the frustum embedding of the real ones'
@@ -106,7 +106,7 @@ def test_camera_depth_position_lifts_the_black_views_at_their_own_depth(cmt_test
         expected_depth = head.image_aux_head(torch.cat((img, black)), img_metas + img_metas[1:]).depth[:, 0]
     torch.testing.assert_close(real_depth, expected_depth[:4])
     torch.testing.assert_close(fused_depth, torch.cat((expected_depth[:2], expected_depth[4:])))
-    image_aux = preds[0][0]['image_aux']
+    image_aux = preds.image_aux
     assert image_aux.heatmap.size(0) == img.size(0) and image_aux.trained == (True, True)
     losses = head.loss(boxes, labels, preds)
     assert all(torch.isfinite(value).all() for value in losses.values())

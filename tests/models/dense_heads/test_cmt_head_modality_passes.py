@@ -12,8 +12,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
-from projects.mmdet3d_plugin.models.dense_heads.modality_passes import PASS_PREDICTIONS_KEY, blank_camera_views
-from projects.mmdet3d_plugin.models.utils import petr_attention
+from projects.mmdet3d_plugin.models.dense_heads.head_outputs import HeadOutputs
+from projects.mmdet3d_plugin.models.utils import CmtTransformer, petr_attention
+from projects.mmdet3d_plugin.models.utils.camera_blanking import blank_camera_views
 from test_cmt_head import LAYERS, features, head_cfg
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -89,7 +90,7 @@ def test_default_passes_leave_aqr_outputs_and_losses_unchanged(cmt_test_data):
 @pytest.mark.parametrize('options', [{}, AQR], ids=['cmt', 'aqr'])
 def test_passes_add_no_parameters_and_inference_decodes_the_fused_pass(options, cmt_test_data):
     default, passes = head_cfg(**options), head_cfg(modality_passes=PASSES, **options)
-    assert default.modality_passes == head_cfg(modality_passes=('fused', ), **options).modality_passes
+    assert default.pass_plan.passes == head_cfg(modality_passes=('fused', ), **options).pass_plan.passes
     assert [(k, v.shape) for k, v in passes.state_dict().items()] == \
         [(k, v.shape) for k, v in default.state_dict().items()]
     passes.load_state_dict(default.state_dict())
@@ -122,7 +123,7 @@ def pass_outputs(head, bev, img, img_metas, boxes, labels):
     torch.manual_seed(1)  # the same DN noise in every call
     with torch.no_grad():
         preds = head([bev], [img], img_metas, boxes, labels)
-    by_pass = dict(fused=preds, **preds[0][0][PASS_PREDICTIONS_KEY])
+    by_pass = dict(fused=preds.tasks, **{name: outputs.tasks for name, outputs in preds.passes.items()})
     return {name: torch.cat([torch.cat([task[0]['dn_cls_logits'], task[0]['cls_logits']], dim=2)
                              for task in pass_preds], dim=-1) for name, pass_preds in by_pass.items()}
 
@@ -203,10 +204,10 @@ def test_camera_window_prior_biases_the_camera_pass_only(cmt_test_data, monkeypa
     boxes, labels = gts(cmt_test_data)
     img_metas = cmt_test_data['make_img_metas'](2)
     preds = head([bev], [img], img_metas, boxes, labels)
-    pad_size = preds[0][0]['dn_queries'].pad_size
-    reference_points = torch.cat([preds[0][0]['dn_queries'].reference_points,
+    pad_size = preds.dn_queries.pad_size
+    reference_points = torch.cat([preds.dn_queries.reference_points,
                                   head.reference_points.weight[None].expand(2, -1, -1)], dim=1)
-    expected = head.camera_prior_bias(reference_points, img, img_metas).to_dense()
+    expected = head.camera_aids.window_prior_bias(reference_points, img, img_metas)().to_dense()
     num_bev = bev.shape[-2] * bev.shape[-1]
     for layer in range(LAYERS):
         fused, lidar, camera = (recorder.calls[layer + LAYERS * i][1].to_dense() for i in range(3))
@@ -230,7 +231,7 @@ def test_each_pass_has_its_own_named_losses_and_matching(cmt_test_data):
     assert all(torch.isfinite(value) for value in losses.values())
     for name in ('lidar', 'camera'):
         # the pass's losses are those of its own predictions, matched on their own
-        alone = head.loss(boxes, labels, preds[0][0][PASS_PREDICTIONS_KEY][name])
+        alone = head.loss(boxes, labels, HeadOutputs(preds.passes[name].tasks, preds.dn_queries))
         for loss in FUSED_LOSSES:
             assert torch.equal(losses[f'{name}.{loss}'], alone[loss]), (name, loss)
         assert not torch.equal(losses[f'{name}.loss_cls'], losses['loss_cls'])
@@ -276,18 +277,20 @@ def test_a_pass_without_any_sample_has_zero_losses(cmt_test_data):
     assert all(torch.isfinite(p.grad).all() for p in head.parameters() if p.grad is not None)
 
 
-def test_fusion_transformer_decodes_one_modality_like_the_single_modality_transformers(cmt_test_data):
+def test_single_modality_transformers_are_the_fusion_transformer_given_one_modality():
+    """``CmtLidarTransformer`` / ``CmtImageTransformer`` are registry aliases: the head's passes choose the keys."""
     fusion = head_cfg().transformer.eval()
     lidar = head_cfg('CmtLidarHead', 'CmtLidarTransformer').transformer.eval()
     camera = head_cfg('CmtImageHead', 'CmtImageTransformer').transformer.eval()
-    lidar.load_state_dict(fusion.state_dict())
-    camera.load_state_dict(fusion.state_dict())
+    assert type(lidar) is type(camera) is type(fusion) is CmtTransformer
+    assert list(lidar.state_dict()) == list(camera.state_dict()) == list(fusion.state_dict())
     channels = fusion.embed_dims
     bev, img = torch.randn(2, channels, 3, 4), torch.randn(4, channels, 2, 5)
     query, bev_pos, rv_pos = torch.randn(2, 7, channels), torch.randn(12, channels), torch.randn(4, 2, 5, channels)
     with torch.no_grad():
-        assert torch.equal(fusion(bev, None, query, bev_pos, None)[0], lidar(bev, query, bev_pos)[0])
-        assert torch.equal(fusion(None, img, query, None, rv_pos)[0], camera(img, query, rv_pos)[0])
+        assert fusion(bev, img, query, bev_pos, rv_pos)[1].shape == (12 + 2 * 2 * 5, 2, channels)
+        assert fusion(bev, None, query, bev_pos, None)[1].shape == (12, 2, channels)
+        assert fusion(None, img, query, None, rv_pos)[1].shape == (20, 2, channels)
         with pytest.raises(ValueError, match='needs BEV features'):
             fusion(None, None, query, None, None)
 
@@ -301,9 +304,9 @@ def test_bad_modality_passes_raise():
     ):
         with pytest.raises(error, match=message):
             head_cfg(modality_passes=passes)
-    with pytest.raises(ValueError, match='CmtLidarHead decodes BEV tokens only'):
+    with pytest.raises(ValueError, match=r"CmtLidarHead: CmtHead\(modalities=\('lidar',\)\) decodes BEV tokens only"):
         head_cfg('CmtLidarHead', 'CmtLidarTransformer', modality_passes=('fused', 'camera'))
-    with pytest.raises(ValueError, match='CmtImageHead decodes camera tokens only'):
+    with pytest.raises(ValueError, match=r"CmtImageHead: .* decodes camera tokens only"):
         head_cfg('CmtImageHead', 'CmtImageTransformer', modality_passes=('fused', 'camera'))
 
 
@@ -443,7 +446,7 @@ def test_detector_tells_the_head_which_camera_images_are_blank(cmt_test_data, mo
         results = model.forward(return_loss=False, img_metas=[data['img_metas']], points=[data['points']],
                                 img=[img])
     assert len(results) == 2 and 'blank_views' not in data['img_metas'][0], 'the caller\'s metas unchanged'
-    assert [meta['blank_views'].tolist() for meta in seen[0]] == [[False] * img.size(1), [True] * img.size(1)]
+    assert [meta['blank_views'] for meta in seen[0]] == [[False] * img.size(1), [True] * img.size(1)], 'host lists'
     with pytest.raises(ValueError, match='no images were given'):
         model.simple_test(data['points'], data['img_metas'], img=None)
 

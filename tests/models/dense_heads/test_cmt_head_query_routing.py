@@ -7,7 +7,6 @@ from mmdet3d.models import build_model
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.models.aqr.routing_targets import camera_visible_objects, matched_object_targets
-from projects.mmdet3d_plugin.models.dense_heads.cmt_head_loss import CmtHeadLossMixin
 from projects.mmdet3d_plugin.models.utils.camera_geometry import stack_lidar2img
 from test_cmt_head import features, head_cfg
 
@@ -38,9 +37,9 @@ def test_targets_of_a_constructed_sample_and_gradient_reaching_only_the_router(c
     img.requires_grad_(True)
     bev.requires_grad_(True)
     preds = head.train()([bev], [img], [meta], [boxes], [labels])
-    routing = preds[0][0]['aqr_routing']
+    routing = preds.routing
     matched = []
-    CmtHeadLossMixin.loss(head, [boxes], [labels], preds, matched_objects=matched)
+    head.detection_loss([boxes], [labels], preds, matched_objects=matched)
     assert len(matched) == 1 and len(matched[0]) == 2, 'one [Q] matching per task of the sample'
     objects = {int(i) for task in matched[0] for i in task if i >= 0}
     assert objects == {0, 1, 2}, 'every object is matched in its task'
@@ -95,7 +94,7 @@ def test_oracle_routing_replaces_the_learned_weights_at_test_time(cmt_test_data)
     boxes, labels, meta, _ = _constructed_sample(cmt_test_data)
     bev, img = features(bs=1)
     meta = dict(meta, lidar_points=torch.tensor([[6.0, 0.0, 0.0]]))
-    routing = head.eval()([bev], [img], [meta])[0][0]['aqr_routing']
+    routing = head.eval()([bev], [img], [meta]).routing
     weights = torch.stack([routing.lidar_weights, routing.camera_weights], -1)
     assert set(weights.unique().tolist()) <= {0.0, 1.0}
     info = routing.projection_info
@@ -103,7 +102,7 @@ def test_oracle_routing_replaces_the_learned_weights_at_test_time(cmt_test_data)
     assert (routing.camera_weights[front & info['visible']] == 1).all()
     assert (routing.camera_weights[~front] == 0).all(), 'the back view is blacked out'
     assert 0 < routing.lidar_weights.sum() < routing.lidar_weights.numel()
-    learned = head.train()([bev], [img], [meta], [boxes], [labels])[0][0]['aqr_routing']
+    learned = head.train()([bev], [img], [meta], [boxes], [labels]).routing
     assert not set(learned.lidar_weights.unique().tolist()) <= {0.0, 1.0}, 'training always uses the router'
     with pytest.raises(KeyError, match='lidar_points'):
         head.eval()([bev], [img], [_constructed_sample(cmt_test_data)[2]])

@@ -4,11 +4,8 @@ import torch
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.models.dense_heads.image_aux_head import IMAGE_AUX_KEY, ImageAuxHead
-from projects.mmdet3d_plugin.models.utils.camera_geometry import invert_lidar2img, pad_shape_hw, stack_lidar2img
-from projects.mmdet3d_plugin.models.utils.image_targets import lift_cell_centres
-from projects.mmdet3d_plugin.models.utils.positional_encoding import normalize_points, pos2embed
-from test_cmt_head import C, PC_RANGE, features, head_cfg
+from projects.mmdet3d_plugin.models.dense_heads.image_aux_head import ImageAuxHead
+from test_cmt_head import C, features, head_cfg
 from test_cmt_head_modality_passes import REFERENCE, fused_pass_outputs
 
 AUX = dict(type='ImageAuxHead', feat_channels=16)
@@ -49,10 +46,10 @@ def test_aux_head_adds_only_its_own_keys_and_runs_in_training_only(cmt_test_data
     bev, img = features()
     img_metas = cmt_test_data['make_img_metas'](2)
     preds, _ = train_losses(aux, img_metas, bev, img)
-    outputs = preds[0][0][IMAGE_AUX_KEY]
+    outputs = preds.image_aux
     assert outputs.heatmap.shape == (4, 5, 4, 10) and outputs.depth.shape == (4, 1, 4, 10)
     assert (outputs.depth > 0).all()
-    assert IMAGE_AUX_KEY not in aux.eval()([bev], [img], img_metas)[0][0]
+    assert aux.eval()([bev], [img], img_metas).image_aux is None
 
 
 @pytest.mark.parametrize('options', [dict(), IMAGE_HEAD, dict(modality_passes=('fused', 'lidar', 'camera'))],
@@ -79,7 +76,7 @@ def test_samples_with_dropped_images_get_no_aux_loss(cmt_test_data):
     img_metas = cmt_test_data['make_img_metas'](2)
     img_metas[1]['dropped_modalities'] = ('image', )
     preds, losses = train_losses(head, img_metas, bev, img)
-    outputs = preds[0][0][IMAGE_AUX_KEY]
+    outputs = preds.image_aux
     grads = torch.autograd.grad(losses['image_aux.loss_heatmap'] + losses['image_aux.loss_depth'],
                                 [outputs.heatmap, outputs.log_depth])
     for grad in grads:  # views 0, 1 are sample 0; views 2, 3 the dropped sample 1
@@ -99,20 +96,20 @@ def test_bad_aux_options_raise():
         head_cfg('CmtLidarHead', 'CmtLidarTransformer', image_aux_config=AUX)
 
 
-def test_token_depth_embeds_the_lifted_cell_centres(cmt_test_data):
-    head = head_cfg(image_aux_config=AUX, camera_depth_position=True)
+def test_camera_depth_position_lifts_the_tokens_at_the_predicted_depth(cmt_test_data, monkeypatch):
+    head = head_cfg(image_aux_config=AUX, camera_depth_position=True).eval()
     assert set(head.state_dict()) == set(head_cfg(image_aux_config=AUX).state_dict()), 'no new parameters'
-    _, img = features()
+    bev, img = features()
     img_metas = cmt_test_data['make_img_metas'](2)
-    depth = torch.rand(4, 4, 10) * 10 + 1
-    plain = head.rv_pos_embed(img, img_metas)
-    with_depth = head.rv_pos_embed(img, img_metas, depth)
-    img2lidar = invert_lidar2img(stack_lidar2img(img_metas)).flatten(0, 1)
-    points = lift_cell_centres(depth, img2lidar, pad_shape_hw(img_metas))
-    expected = head.bev_embedding(pos2embed(normalize_points(points, PC_RANGE).clamp(0, 1), C))
-    torch.testing.assert_close(with_depth - plain, expected, atol=1e-5, rtol=1e-5)
-    nearer = head.rv_pos_embed(img, img_metas, depth * 0.5)
-    assert (nearer - with_depth).abs().amax(dim=-1).min() > 0, 'every token moves with its depth'
+    depths = []
+    token_depth = head.positions.token_depth
+    monkeypatch.setattr(head.positions, 'token_depth', lambda depth, metas: depths.append(depth) or
+                        token_depth(depth, metas))
+    with torch.no_grad():
+        head([bev], [img], img_metas)
+        expected = head.image_aux_head(img, img_metas).depth[:, 0]
+    assert len(depths) == 1
+    torch.testing.assert_close(depths[0], expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('options', [dict(), IMAGE_HEAD], ids=['fusion', 'camera_only'])

@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.datasets.pipelines.corruption import SensorCorruption
-from projects.mmdet3d_plugin.models.dense_heads.aqr_routing import routing_of
+from projects.mmdet3d_plugin.models.dense_heads.query_router import routing_of
 from projects.mmdet3d_plugin.models.detectors.cmt import middle_encoder_bev_shape, sparse_encoder_bev_shape
 
 

@@ -3,6 +3,7 @@ import torch
 from mmdet.models.utils import build_transformer
 
 import projects.mmdet3d_plugin  # noqa: F401
+from projects.mmdet3d_plugin.models.utils import CmtTransformer
 
 C, HEADS = 16, 4
 
@@ -67,11 +68,13 @@ def test_checkpointing_keeps_the_masks_and_the_gradients():
     torch.testing.assert_close(other, results[1][0])
 
 
-def test_lidar_and_image_transformers():
+def test_lidar_and_image_transformer_names_build_the_transformer_that_decodes_the_tokens_given():
     inputs = _inputs()
     lidar = _transformer(transformer_type='CmtLidarTransformer').eval()
-    out, memory = lidar(inputs['x'], inputs['query_embed'], inputs['bev_pos_embed'])
+    assert type(lidar) is CmtTransformer, 'a registry alias'
+    out, memory = lidar(**dict(inputs, x_img=None, rv_pos_embed=None))
     assert out.shape == (2, 2, 6, C) and memory.shape == (12, 2, C)
+    torch.testing.assert_close(memory, inputs['x'].flatten(2).permute(2, 0, 1))
     image = _transformer(transformer_type='CmtImageTransformer').eval()
-    out, memory = image(inputs['x_img'], inputs['query_embed'], inputs['rv_pos_embed'])
+    out, memory = image(**dict(inputs, x=None, bev_pos_embed=None))
     assert out.shape == (2, 2, 6, C) and memory.shape == (30, 2, C)

@@ -95,3 +95,18 @@ def test_bad_inputs_raise():
         _build([torch.zeros(2, 7)], [torch.zeros(2, dtype=torch.long)])
     with pytest.raises(ValueError, match='labels'):
         _build([_boxes(2)], [torch.zeros(3, dtype=torch.long)])
+
+
+def test_denoising_config_builds_the_queries_of_its_options():
+    from projects.mmdet3d_plugin.models.utils.denoising import DenoisingConfig
+    boxes = [torch.tensor([[1.0, 2.0, 0.0, 2.0, 4.0, 1.5, 0.3, 0.0, 0.0]])]
+    labels = [torch.tensor([2])]
+    pc_range = [-10.0, -10.0, -5.0, 10.0, 10.0, 3.0]
+    assert DenoisingConfig(scalar=0).queries(boxes, labels, 20, pc_range, 5) is None
+    config = DenoisingConfig(scalar=3, noise_scale=0.5, noise_trans=0.1, split=0.5)
+    torch.manual_seed(0)
+    queries = config.queries(boxes, labels, 20, pc_range, 5)
+    torch.manual_seed(0)
+    expected = build_dn_queries(boxes, labels, 20, 3, 0.5, 0.1, 0.5, pc_range, 5)
+    assert queries.groups == 3 and torch.equal(queries.reference_points, expected.reference_points)
+    assert torch.equal(queries.labels, expected.labels)

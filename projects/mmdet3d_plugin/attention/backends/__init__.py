@@ -1,4 +1,5 @@
-"""Attention backends, one per file, each stating what it cannot apply.
+"""Attention backends, one per module, each stating what it cannot apply (``segment`` is a sub-package: the
+backend with its fused kernels, window slot products and exact row recomputation).
 
 ``BACKENDS`` maps a backend name to its instance; ``apply_attention`` in
 ``..dispatch`` picks one (``backend='auto'``) or runs the one asked for.

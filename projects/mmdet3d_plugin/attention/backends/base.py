@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple, Type
 import torch
 from torch import Tensor
 
-from ..bias import AttentionBias, BiasPart, DenseBias
+from ..bias import AttentionBias, BiasPart
 
 
 class UnsupportedAttentionError(ValueError):
@@ -147,7 +147,7 @@ def dense_blocking_mask(call: AttentionCall) -> Optional[Tensor]:
     """
     mask = None
     if call.bias is not None:
-        if any(not (isinstance(p, DenseBias) and p.is_mask) for p in call.bias.parts):
+        if any(not part.is_mask for part in call.bias.parts):
             return None
         for part in call.bias.parts:
             mask = part.values if mask is None else mask | part.values

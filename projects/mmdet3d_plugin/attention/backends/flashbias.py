@@ -34,7 +34,7 @@ def low_rank_factors(call: AttentionCall) -> Optional[Tuple[Tensor, Tensor]]:
     bs, heads, num_queries, _ = call.q.shape
     query_factors, key_factors = [], []
     for part in call.bias.parts:
-        low_rank = part.to_low_rank() if isinstance(part, SegmentBias) else part
+        low_rank = part.to_low_rank()
         query_factors.append(low_rank.query_factor.expand(bs, heads, num_queries, -1))
         key_factors.append(low_rank.key_factor[:, None].expand(bs, heads, -1, -1))
     return torch.cat(query_factors, -1), torch.cat(key_factors, -1)

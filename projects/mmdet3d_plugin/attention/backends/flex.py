@@ -1,14 +1,14 @@
 """``flex``: ``torch.nn.attention.flex_attention`` with the bias computed on the fly in a ``score_mod``.
 
-Each bias part becomes a pure function of ``(batch, head, query, key)``
-indices: the window decay is computed from the query's centre cell and the
-key's cell, the segment value is looked up by the key's segment, a low-rank
-term is a short dot product. On CUDA the kernel is compiled (Triton), once
-for all shapes (:func:`compiled_flex_attention`), and never materialises
-``[Q, K]``; on CPU flex_attention runs an unfused eager implementation that
-does, has no backward for q/k/v, and is slow. ``auto`` never picks ``flex``
-(see :mod:`..dispatch`): it runs only when named. Applies every bias part and key padding; no
-dropout.
+Each bias part is a pure function of ``(batch, head, query, key)`` indices
+(:meth:`~..bias.BiasPart.score_term`): the window decay is computed from the
+query's centre cell and the key's cell, the segment value is looked up by the
+key's segment, a low-rank term is a short dot product. On CUDA the kernel is
+compiled (Triton), once for all shapes (:func:`compiled_flex_attention`), and
+never materialises ``[Q, K]``; on CPU flex_attention runs an unfused eager
+implementation that does, has no backward for q/k/v, and is slow. ``auto``
+never picks ``flex`` (see :mod:`..dispatch`): it runs only when named.
+Applies every bias part and key padding; no dropout.
 """
 import functools
 import importlib.util
@@ -19,79 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..bias import BiasPart, DenseBias, LowRankBias, SegmentBias, WindowBias
 from .base import AttentionBackend, AttentionCall
-
-ScoreTerm = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 #: compiled calls pad the query count to a multiple of this (DN training changes it every batch: a few buckets,
 #: hence a few compiles, instead of one compile per count)
 QUERY_BUCKET = 256
-
-
-def _segment_term(part: SegmentBias, bs: int, heads: int, rows: Tensor) -> ScoreTerm:
-    values = part.values.expand(bs, heads, -1, -1).index_select(2, rows)
-    starts = [start for start, _ in part.segment_bounds[1:]]
-
-    def term(b, h, q_idx, kv_idx):
-        segment = sum((kv_idx >= start).to(torch.int64) for start in starts)
-        return values[b, h, q_idx, segment]
-
-    return term
-
-
-def _low_rank_term(part: LowRankBias, bs: int, heads: int, rows: Tensor) -> ScoreTerm:
-    query_factor = part.query_factor.expand(bs, heads, -1, -1).index_select(2, rows)
-    key_factor = part.key_factor.expand(bs, -1, -1)
-
-    def term(b, h, q_idx, kv_idx):
-        return sum(query_factor[b, h, q_idx, r] * key_factor[b, kv_idx, r] for r in range(part.rank))
-
-    return term
-
-
-def _window_term(part: WindowBias, bs: int, heads: int, rows: Tensor) -> ScoreTerm:
-    grids = [(grid, centres.index_select(1, rows), valid.index_select(1, rows),
-              amplitude.expand(bs, heads, -1).index_select(2, rows), window_size)
-             for grid, centres, valid, amplitude, window_size in zip(part.grids, part.centres, part.valid,
-                                                                      part.amplitude, part.window_size)]
-
-    def term(b, h, q_idx, kv_idx):
-        total = 0.0
-        for grid, centres, valid, amplitude, window_size in grids:
-            local = kv_idx - grid.offset
-            cell = local % (grid.height * grid.width)
-            dy = cell // grid.width - centres[b, q_idx, 1]
-            dx = cell % grid.width - centres[b, q_idx, 2]
-            radius = window_size // 2
-            plane = local // (grid.height * grid.width)
-            hit = ((local >= 0) & (local < grid.num_cells) & (plane == centres[b, q_idx, 0]) & (dy.abs() <= radius)
-                   & (dx.abs() <= radius) & valid[b, q_idx])
-            decay = torch.clamp(1.0 - torch.sqrt((dy * dy + dx * dx).float()) / (window_size / 2.0), min=0.0)
-            total = total + torch.where(hit, amplitude[b, h, q_idx] * decay, 0.0)
-        return total
-
-    return term
-
-
-def _dense_term(part: DenseBias, bs: int, heads: int, rows: Tensor, num_queries: int, num_keys: int) -> ScoreTerm:
-    values = part.values.expand(bs, heads, num_queries, num_keys).index_select(2, rows)
-    if part.is_mask:
-        return lambda b, h, q_idx, kv_idx: torch.where(values[b, h, q_idx, kv_idx], float('-inf'), 0.0)
-    return lambda b, h, q_idx, kv_idx: values[b, h, q_idx, kv_idx]
-
-
-def _part_term(part: BiasPart, call: AttentionCall, rows: Tensor) -> ScoreTerm:
-    bs, heads, num_queries, _ = call.q.shape
-    if isinstance(part, SegmentBias):
-        return _segment_term(part, bs, heads, rows)
-    if isinstance(part, LowRankBias):
-        return _low_rank_term(part, bs, heads, rows)
-    if isinstance(part, WindowBias):
-        return _window_term(part, bs, heads, rows)
-    if isinstance(part, DenseBias):
-        return _dense_term(part, bs, heads, rows, num_queries, call.k.size(2))
-    raise TypeError(f'flex has no score term for {part.describe()}')
 
 
 def build_score_mod(call: AttentionCall, num_rows: Optional[int] = None) -> Callable:
@@ -106,7 +38,8 @@ def build_score_mod(call: AttentionCall, num_rows: Optional[int] = None) -> Call
     """
     num_queries = call.q.size(2)
     rows = torch.arange(num_rows or num_queries, device=call.q.device).clamp_(max=num_queries - 1)
-    terms = [_part_term(part, call, rows) for part in call.bias.parts] if call.bias is not None else []
+    shape = (*call.q.shape[:3], call.k.size(2))
+    terms = [part.score_term(shape, rows) for part in call.bias.parts] if call.bias is not None else []
     padding = call.key_padding_mask
 
     def score_mod(score, b, h, q_idx, kv_idx):

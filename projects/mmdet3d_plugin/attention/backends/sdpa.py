@@ -14,6 +14,15 @@ the other's) and the rounding errors of thousands of keys remain: measured on
 an H200, 4e-2 (float16) and 0.3 to 0.5 (bfloat16) relative error against
 float64 at the R50 and VoV key counts (``tools/check_gpu.py``). ``segment``
 and ``flashbias`` differentiate it exactly; ``auto`` takes them.
+
+A call where only the bias needs a gradient (the ``alpha`` of
+``AttentionBiasGenerator`` with frozen projections, the router-only stage 2
+of the robustness study) gives the kernel a query that requires grad
+(:func:`kernel_query`): PyTorch's memory-efficient CUDA kernel decides from
+q, k and v alone whether its forward keeps the logsumexp, and without it
+the backward of the mask fails (``LSE is not correctly aligned (strideH)``,
+pytorch/pytorch#148476; measured on an H200). The query's own gradient is
+computed and dropped; the forward and the bias gradient are unchanged.
 """
 from typing import List
 
@@ -51,6 +60,18 @@ class SdpaBackend(AttentionBackend):
             if attn_mask is not None:
                 empty_rows = attn_mask.isneginf().all(-1, keepdim=True)
                 attn_mask = attn_mask.masked_fill(empty_rows, 0.0)
-        out = F.scaled_dot_product_attention(call.q, call.k, call.v, attn_mask=attn_mask, dropout_p=call.dropout_p,
-                                             scale=call.scale)
+        out = F.scaled_dot_product_attention(kernel_query(call), call.k, call.v, attn_mask=attn_mask,
+                                             dropout_p=call.dropout_p, scale=call.scale)
         return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
+
+
+def kernel_query(call: AttentionCall) -> Tensor:
+    """The query SDPA gets: ``call.q``, or a detached copy that requires grad when only the bias needs a gradient.
+
+    Whether a fused kernel's forward keeps the logsumexp its backward needs
+    depends on whether q, k or v require grad; a bias-only gradient would
+    otherwise reach a backward without it (the module docstring).
+    """
+    if call.needs_grad and not call.qkv_need_grad:
+        return call.q.detach().requires_grad_(True)
+    return call.q

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
 
 #: img_meta key listing the modalities ModalMask3D dropped for the sample.
 DROPPED_MODALITIES_KEY = 'dropped_modalities'

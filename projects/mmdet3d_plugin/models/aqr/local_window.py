@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...attention.backends.window_slots import SlotPattern
+from ...attention import SlotPattern
 
 
 def check_window_size(window_size: int, name: str = 'window_size') -> int:

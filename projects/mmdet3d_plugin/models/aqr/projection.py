@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
 from ..utils.camera_geometry import stack_lidar2img
 from ..utils.positional_encoding import denormalize_points
 

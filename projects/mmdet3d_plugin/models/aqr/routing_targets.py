@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
 from ..utils.camera_geometry import pad_shape_hw, project_to_views
 from .aux_loss import DROPPED_MODALITIES_KEY

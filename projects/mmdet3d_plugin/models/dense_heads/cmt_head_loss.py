@@ -19,7 +19,13 @@ For every decoder layer and every task head:
 Keys: ``loss_cls`` / ``loss_bbox`` (last layer), ``d{i}.loss_cls`` / ``d{i}.loss_bbox``
 (layer ``i``), and the same with ``dn_`` when DN training is on.
 
-With per-modality decoding passes (``modality_passes.py``) every pass gets
+:class:`DetectionLoss` (a part of ``CmtHead``, built from its ``loss_cls``,
+``loss_bbox``, ``train_cfg`` and ``denoising`` options) takes the ground truth
+(per sample ``gt_bboxes_3d`` with velocity and ``gt_labels_3d [n]``) and the
+head's :class:`HeadOutputs` (per task ``[L, bs, Q, .]`` predictions, ``dn_``
+ones ``[L, bs, pad, .]``) and returns these scalar losses.
+
+With per-modality decoding passes (``pass_plan.py``) every pass gets
 these losses, its own matching included; a single-modality pass's keys are
 prefixed with its name (``lidar.loss_cls``, ``lidar.d0.dn_loss_bbox``, ...),
 and ``<pass>.num_samples`` logs how many samples it trained on: samples
@@ -30,14 +36,15 @@ import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from mmcv.runner import force_fp32
-from mmdet.core import reduce_mean
-from torch import Tensor
+from mmdet.core import build_assigner, reduce_mean
+from mmdet.models.builder import build_loss
+from torch import Tensor, nn
 
 from ...core.bbox.util import normalize_bbox
-from ...core.host_data import device_constant, host_to_device
-from ..utils.denoising import DenoisingQueries
-from .modality_passes import TRAINED_SAMPLES_KEY, decoding_passes
+from ...utils.host_data import device_constant, host_to_device
+from ..utils.denoising import DenoisingConfig, DenoisingQueries
+from .head_outputs import HeadOutputs
+from .pass_plan import MODALITY_PASSES
 
 REGRESSION_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
 
@@ -62,6 +69,17 @@ def task_labels(labels: Tensor, offset: int, num_task_classes: int) -> Tensor:
     return torch.where(outside, torch.full_like(local, num_task_classes), local)
 
 
+def rows_where(condition: Tensor) -> Tensor:
+    """``[n]`` long indices of the ``True`` entries of a ``[N]`` bool tensor.
+
+    The loss selects rows of differentiable tensors with these indices
+    (``index_select``) rather than with the bool mask itself: indexing with a
+    bool mask runs ``nonzero`` again in its backward, where the host would
+    wait for the device outside the loss's ``permitted_host_sync`` region.
+    """
+    return condition.nonzero()[:, 0]
+
+
 def sample_objects(assigned: Tensor, object_index: Tensor) -> Tensor:
     """Map a task's matching ``[Q]`` (task-local box index, ``-1``: none) to the sample's box indices."""
     if object_index.numel() == 0:  # the task has no object in the sample: nothing is matched
@@ -69,13 +87,39 @@ def sample_objects(assigned: Tensor, object_index: Tensor) -> Tensor:
     return torch.where(assigned >= 0, object_index[assigned.clamp(min=0)], assigned)
 
 
-class CmtHeadLossMixin:
-    """``loss`` of :class:`CmtHead`; reads the head's ``assigner``, ``loss_cls``,
-    ``loss_bbox``, ``num_classes``, ``train_cfg``, ``scalar``, ``split`` and ``dn_weight``."""
+class DetectionLoss(nn.Module):
+    """CMT's matching and DN losses of every decoding pass (see the module docstring).
 
-    def gt_boxes_and_labels(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor]
-                            ) -> Tuple[List[Tensor], List[Tensor]]:
-        """Per sample gravity-centre boxes ``[n, 9]`` and long labels ``[n]``, checked against the classes."""
+    An ``nn.Module`` without parameters or buffers (it adds no state-dict key).
+
+    Args:
+        num_classes (Sequence[int]): classes of each task (global classes in task order).
+        loss_cls (dict): classification loss config (sigmoid focal loss).
+        loss_bbox (dict): regression loss config (L1).
+        train_cfg (dict, optional): ``assigner`` and ``code_weights`` (10 values); None: no losses.
+        denoising (DenoisingConfig): the DN options (``scalar > 0``: DN losses; ``split``, ``dn_weight``).
+        head_name (str): for the error messages.
+    """
+
+    def __init__(self, num_classes: Sequence[int], loss_cls: dict, loss_bbox: dict, train_cfg: Optional[dict],
+                 denoising: DenoisingConfig, head_name: str = 'CmtHead') -> None:
+        super().__init__()
+        self.num_classes, self.train_cfg, self.head_name = list(num_classes), train_cfg, head_name
+        self.scalar, self.split, self.dn_weight = denoising.scalar, denoising.split, denoising.dn_weight
+        self.loss_cls = build_loss(loss_cls)
+        self.loss_bbox = build_loss(loss_bbox)
+        self.assigner = build_assigner(train_cfg['assigner']) if train_cfg else None
+
+    def gt_boxes_and_labels(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], device: torch.device,
+                            check_classes: bool = True) -> Tuple[List[Tensor], List[Tensor]]:
+        """Per sample gravity-centre boxes ``[n, 9]`` and long labels ``[n]``, on ``device``.
+
+        ``check_classes``: raise unless every label is one of the head's
+        classes. Reading the labels makes the host wait for the device, so
+        ``forward`` (whose DN queries use the labels as targets only) leaves
+        the check to ``loss``, which runs where the host waits anyway (the
+        Hungarian matching, ``permitted_host_sync``).
+        """
         if len(gt_bboxes_3d) != len(gt_labels_3d):
             raise ValueError(f'{len(gt_bboxes_3d)} box sets but {len(gt_labels_3d)} label sets')
         boxes, labels = [], []
@@ -84,9 +128,8 @@ class CmtHeadLossMixin:
             sample_labels = sample_labels.long()
             if sample_labels.numel() != len(sample_boxes):
                 raise ValueError(f'sample {index}: {len(sample_boxes)} boxes but {sample_labels.numel()} labels')
-            if sample_labels.numel() and (sample_labels.min() < 0 or sample_labels.max() >= total):
+            if check_classes and sample_labels.numel() and (sample_labels.min() < 0 or sample_labels.max() >= total):
                 raise ValueError(f'sample {index}: labels must be in [0, {total}), got {sample_labels.tolist()}')
-            device = self.reference_points.weight.device
             boxes.append(gravity_center_boxes(sample_boxes).to(device))
             labels.append(sample_labels.to(device))
         return boxes, labels
@@ -100,18 +143,17 @@ class CmtHeadLossMixin:
 
     def _code_weights(self, like: Tensor) -> Tensor:
         if not self.train_cfg or 'code_weights' not in self.train_cfg:
-            raise KeyError(f"{type(self).__name__}.loss needs train_cfg['code_weights'] (10 values)")
+            raise KeyError(f"{self.head_name}.loss needs train_cfg['code_weights'] (10 values)")
         return device_constant(self.train_cfg['code_weights'], like.device, like.dtype)
 
-    @force_fp32(apply_to=('preds_dicts', ))
-    def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], preds_dicts: Sequence[List[dict]],
-             matched_objects: Optional[List[List[Tensor]]] = None) -> Dict[str, Tensor]:
+    def forward(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], outputs: HeadOutputs,
+                matched_objects: Optional[List[List[Tensor]]] = None) -> Dict[str, Tensor]:
         """Matching and DN losses of every decoder layer of every decoding pass.
 
         Args:
             gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample, with velocity.
             gt_labels_3d (Sequence[Tensor]): per sample global class indices.
-            preds_dicts: output of the head's ``forward`` in training mode.
+            outputs (HeadOutputs): the head's ``forward`` in training mode (fp32).
             matched_objects (list, optional): an empty list to fill with the
                 fused pass's last-layer matching: per sample, one ``[Q]`` long
                 tensor per task holding the index (in the sample's
@@ -121,9 +163,9 @@ class CmtHeadLossMixin:
         Returns:
             dict[str, Tensor]: scalar losses (see the module docstring).
         """
-        if not hasattr(self, 'assigner'):
-            raise RuntimeError(f'{type(self).__name__} was built without train_cfg; it cannot compute losses')
-        boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d)
+        if self.assigner is None:
+            raise RuntimeError(f'{self.head_name} was built without train_cfg; it cannot compute losses')
+        boxes, labels = self.gt_boxes_and_labels(gt_bboxes_3d, gt_labels_3d, outputs[0][0]['cls_logits'].device)
         task_gts, task_gt_index = [], []
         for offset, num_cls in zip(self._class_offsets(), self.num_classes):
             per_sample, per_sample_index = [], []
@@ -135,24 +177,29 @@ class CmtHeadLossMixin:
             task_gts.append(per_sample)
             task_gt_index.append(per_sample_index)
         losses: Dict[str, Tensor] = {}
-        for prefix, pass_preds in decoding_passes(preds_dicts):
+        for name, pass_preds, trained in outputs.decoding_passes():
+            prefix = MODALITY_PASSES[name].loss_prefix
             assignments = [] if matched_objects is not None and prefix == '' else None
-            losses.update(self._pass_losses(pass_preds, task_gts, [len(b) for b in boxes], prefix, assignments))
+            losses.update(self._pass_losses(pass_preds, outputs.dn_queries, trained, task_gts, [len(b) for b in boxes],
+                                            prefix, assignments))
             if assignments is not None:
                 matched_objects.extend(
                     [sample_objects(task[sample], task_gt_index[task_id][sample])
                      for task_id, task in enumerate(assignments)] for sample in range(len(boxes)))
         return losses
 
-    def _pass_losses(self, preds_dicts: Sequence[List[dict]], task_gts: Sequence[Sequence[Tuple[Tensor, Tensor]]],
+    def _pass_losses(self, preds_dicts: Sequence[List[dict]], dn_queries: Optional[DenoisingQueries],
+                     trained: Optional[Sequence[bool]], task_gts: Sequence[Sequence[Tuple[Tensor, Tensor]]],
                      num_boxes: Sequence[int], prefix: str,
                      assignments: Optional[List[List[Tensor]]] = None) -> Dict[str, Tensor]:
         """The losses of one decoding pass, named with ``prefix``.
 
         Args:
-            preds_dicts: the pass's per task predictions; the first task's dict
-                of a single-modality pass holds ``trained_samples`` (per
-                sample bool; without it every sample takes part).
+            preds_dicts: the pass's per task predictions.
+            dn_queries (DenoisingQueries, optional): the batch's DN queries.
+            trained (Sequence[bool], optional): per sample whether it takes
+                part (a single-modality pass, whose ``num_samples`` is logged);
+                None: every sample (the fused pass).
             task_gts: per task, per sample ``(boxes [n, 9], task labels [n])``.
             num_boxes (Sequence[int]): ground-truth boxes per sample.
             prefix (str): ``''`` for the fused pass, ``'<pass>.'`` otherwise.
@@ -160,18 +207,17 @@ class CmtHeadLossMixin:
                 matching: per task, per sample ``[Q]`` long, the matched
                 object's index among the task's objects, ``-1`` where none.
         """
-        first = preds_dicts[0][0]
-        trained = first.get(TRAINED_SAMPLES_KEY, (True, ) * len(num_boxes))
-        num_layers = first['cls_logits'].size(0)
+        logged_samples = trained is not None
+        trained = tuple(trained) if logged_samples else (True, ) * len(num_boxes)
+        num_layers = preds_dicts[0][0]['cls_logits'].size(0)
         losses: Dict[str, Tensor] = {}
         matching = [self._layer_matching_loss(preds_dicts, task_gts, layer, trained,
                                               assignments if layer == num_layers - 1 else None)
                     for layer in range(num_layers)]
         self._name_layer_losses(losses, matching, prefix, '')
-        if TRAINED_SAMPLES_KEY in first:
+        if logged_samples:
             losses[f'{prefix}num_samples'] = torch.full((), float(sum(trained)), device=matching[-1][0].device)
         if self.scalar > 0:
-            dn_queries: Optional[DenoisingQueries] = first.get('dn_queries')
             num_targets, target_weights = 0, None
             if dn_queries is not None:
                 num_targets = dn_queries.groups * sum(n for n, keep in zip(num_boxes, trained) if keep)
@@ -228,7 +274,7 @@ class CmtHeadLossMixin:
                 assigned = self.assigner.assign(sample_codes, sample_logits, gt_boxes, gt_labels).gt_inds
             else:
                 assigned = torch.zeros(sample_codes.size(0), dtype=torch.long, device=sample_codes.device)
-            positive = assigned > 0
+            positive = rows_where(assigned > 0)
             matched = assigned[positive] - 1
             if assignments is not None:
                 assignments.append(assigned - 1)
@@ -236,7 +282,7 @@ class CmtHeadLossMixin:
             targets[positive] = gt_labels[matched]
             cls_targets.append(targets)
             cls_weights.append(torch.full_like(targets, float(keep), dtype=logits.dtype))
-            pos_preds.append(sample_codes[positive])
+            pos_preds.append(sample_codes.index_select(0, positive))
             pos_targets.append(gt_boxes[matched])
         cls_targets = torch.cat(cls_targets)
         num_pos = sum(len(p) for p in pos_preds)
@@ -253,11 +299,11 @@ class CmtHeadLossMixin:
         ``target_weights`` (``[n]``, optional) scales each box's code weights.
         """
         target = normalize_bbox(gt_boxes)
-        finite = torch.isfinite(target).all(dim=-1)
+        finite = rows_where(torch.isfinite(target).all(dim=-1))
         weights = self._code_weights(pred_codes).expand_as(pred_codes)
         if target_weights is not None:
             weights = weights * target_weights[:, None]
-        return self.loss_bbox(pred_codes[finite], target[finite], weights[finite], avg_factor=avg_factor)
+        return self.loss_bbox(pred_codes.index_select(0, finite), target[finite], weights[finite], avg_factor=avg_factor)
 
     def _layer_dn_loss(self, preds_dicts, dn_queries: Optional[DenoisingQueries], layer: int, num_targets: int,
                        bbox_avg_factor: float, target_weights: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -295,9 +341,10 @@ class CmtHeadLossMixin:
         cls_weights = torch.ones_like(cls_targets, dtype=logits.dtype) if target_weights is None \
             else target_weights.to(logits.dtype)
         loss_cls = self.loss_cls(logits, cls_targets, cls_weights, avg_factor=avg_factor)
-        in_task = task_labels(dn_queries.gt_labels, offset, num_task_classes) < num_task_classes
-        if in_task.any():
-            loss_bbox = self._code_l1_loss(codes[in_task], dn_queries.gt_bboxes[in_task], avg_factor=bbox_avg_factor,
+        in_task = rows_where(task_labels(dn_queries.gt_labels, offset, num_task_classes) < num_task_classes)
+        if in_task.numel():
+            loss_bbox = self._code_l1_loss(codes.index_select(0, in_task), dn_queries.gt_bboxes[in_task],
+                                           avg_factor=bbox_avg_factor,
                                            target_weights=None if target_weights is None else target_weights[in_task])
         else:
             loss_bbox = codes.sum() * 0

@@ -32,16 +32,14 @@ from mmcv.runner import BaseModule
 from mmdet.models.builder import HEADS, build_loss
 from torch import Tensor, nn
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
 from ..utils.camera_geometry import pad_shape_hw, stack_lidar2img
 from ..utils.image_targets import (centre_heatmap_targets, object_depth_targets, project_box_centres,
                                    project_box_extents)
-from .modality_passes import MODALITY_PASSES, trained_samples
+from .pass_plan import MODALITY_PASSES, trained_samples
 
 #: prefix of the aux losses in CmtHead's loss dict
 IMAGE_AUX_PREFIX = 'image_aux.'
-#: key of CmtHead's first task dict holding the training forward's :class:`ImageAuxOutputs`
-IMAGE_AUX_KEY = 'image_aux'
 MAX_DEPTH = 1000.0
 
 

@@ -28,12 +28,13 @@ from mmdet3d.models.detectors.mvx_two_stage import MVXTwoStageDetector
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...attention.backends.exact_rows import pop_inexact_rows
-from ...core.host_data import host_to_device, permitted_host_sync
+from ...attention import pop_inexact_rows
+from ...mmcv_custom.device_log import parse_losses_on_device
+from ...utils.host_data import host_to_device, permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
-from ..dense_heads.modality_passes import (BLANK_VIEWS_KEY, LIDAR_POINTS_KEY, FusedBlankViews, black_camera_images,
-                                          blank_camera_views)
+from ..utils.camera_blanking import FusedBlankViews, black_camera_images, blank_camera_views
 from ..utils.grid_mask import GridMask
+from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
 from ..utils.spconv_voxelize import SPConvVoxelization
 
 
@@ -69,6 +70,18 @@ class CmtDetector(MVXTwoStageDetector):
         if pts_voxel_layer:
             self.pts_voxel_layer = SPConvVoxelization(**pts_voxel_layer)
         self._warned = set()
+
+    #: return the training log variables as device tensors (``mmcv_custom.device_log``): ``train_detector`` sets it
+    #: with the runner's ``DeviceLogBuffer``; off, they are read with ``.item()`` as mmdet's loops expect
+    keep_log_vars_on_device = False
+
+    def _parse_losses(self, losses: Dict[str, Tensor]) -> Tuple[Tensor, Dict[str, object]]:
+        """The total loss and the log variables: detached 0-dim device tensors with ``keep_log_vars_on_device``
+        (no host synchronisation), numbers otherwise."""
+        loss, log_vars = parse_losses_on_device(losses)
+        if not self.keep_log_vars_on_device:
+            log_vars = dict(zip(log_vars, torch.stack(list(log_vars.values())).tolist()))
+        return loss, log_vars
 
     def _warn_once(self, key: str, message: str) -> None:
         """``warnings.warn(message)`` the first time ``key`` comes up for this detector."""
@@ -354,8 +367,9 @@ class CmtDetector(MVXTwoStageDetector):
             if img is None:
                 raise ValueError(f'{type(self.pts_bbox_head).__name__} reads at test time which camera images are '
                                  f'blank (camera_free_pass), but no images were given')
-            img_metas = [dict(meta, **{BLANK_VIEWS_KEY: blank})
-                         for meta, blank in zip(img_metas, blank_camera_views(img, img_metas))]
+            with permitted_host_sync():  # which pass decodes a sample is data: one read per batch
+                blank_views = blank_camera_views(img, img_metas).tolist()
+            img_metas = [dict(meta, **{BLANK_VIEWS_KEY: blank}) for meta, blank in zip(img_metas, blank_views)]
         bbox_pts = self.simple_test_pts(pts_feats, img_feats, img_metas, rescale=rescale)
         return [dict(pts_bbox=result) for result in bbox_pts]
 

@@ -1,13 +1,14 @@
 """Transformer, attention and geometry building blocks of CMT."""
-from .cmt_transformer import CmtImageTransformer, CmtLidarTransformer, CmtTransformer
+from ...attention.per_layer import PerLayer
+from .cmt_transformer import CmtTransformer
 from .grid_mask import GridMask
 from .group_layer_norm import GroupLayerNorm1d
 from .petr_attention import PETRMultiheadAttention, PETRMultiheadFlashAttention
-from .petr_transformer import PerLayer, PETRTransformerDecoder, PETRTransformerDecoderLayer
+from .petr_transformer import PETRTransformerDecoder, PETRTransformerDecoderLayer
 from .spconv_voxelize import SPConvVoxelization
 
 __all__ = [
-    'CmtTransformer', 'CmtLidarTransformer', 'CmtImageTransformer', 'GridMask', 'GroupLayerNorm1d',
+    'CmtTransformer', 'GridMask', 'GroupLayerNorm1d',
     'PETRMultiheadAttention', 'PETRMultiheadFlashAttention', 'PETRTransformerDecoder',
     'PETRTransformerDecoderLayer', 'PerLayer', 'SPConvVoxelization'
 ]

@@ -4,7 +4,24 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
+
+
+def _lidar2img_matrices(img_metas: Sequence[dict]) -> np.ndarray:
+    """``[bs, N, 4, 4]`` float32 ``lidar2img`` matrices of a batch, read and checked on the host."""
+    matrices: List[np.ndarray] = []
+    for index, meta in enumerate(img_metas):
+        if 'lidar2img' not in meta:
+            raise KeyError(f"img_metas[{index}] has no 'lidar2img'; camera position encodings need the "
+                           f"per-view lidar-to-image matrices (keep 'lidar2img' in Collect3D meta_keys)")
+        matrix = np.asarray(meta['lidar2img'], dtype=np.float64)
+        if matrix.ndim != 3 or matrix.shape[1:] != (4, 4):
+            raise ValueError(f"img_metas[{index}]['lidar2img'] must be N 4x4 matrices, got shape {matrix.shape}")
+        matrices.append(matrix)
+    num_views = {m.shape[0] for m in matrices}
+    if len(num_views) != 1:
+        raise ValueError(f'every sample must have the same number of camera views, got {sorted(num_views)}')
+    return np.stack(matrices).astype(np.float32)
 
 
 def stack_lidar2img(img_metas: Sequence[dict], device: torch.device = None) -> torch.Tensor:
@@ -19,24 +36,22 @@ def stack_lidar2img(img_metas: Sequence[dict], device: torch.device = None) -> t
     Returns:
         Tensor: ``[bs, N, 4, 4]`` float32.
     """
-    matrices: List[np.ndarray] = []
-    for index, meta in enumerate(img_metas):
-        if 'lidar2img' not in meta:
-            raise KeyError(f"img_metas[{index}] has no 'lidar2img'; camera position encodings need the "
-                           f"per-view lidar-to-image matrices (keep 'lidar2img' in Collect3D meta_keys)")
-        matrix = np.asarray(meta['lidar2img'], dtype=np.float64)
-        if matrix.ndim != 3 or matrix.shape[1:] != (4, 4):
-            raise ValueError(f"img_metas[{index}]['lidar2img'] must be N 4x4 matrices, got shape {matrix.shape}")
-        matrices.append(matrix)
-    num_views = {m.shape[0] for m in matrices}
-    if len(num_views) != 1:
-        raise ValueError(f'every sample must have the same number of camera views, got {sorted(num_views)}')
-    return host_to_device(np.stack(matrices).astype(np.float32), device)
+    return host_to_device(_lidar2img_matrices(img_metas), device)
 
 
-def invert_lidar2img(lidar2img: torch.Tensor) -> torch.Tensor:
-    """``img2lidar`` of ``[..., 4, 4]`` matrices, inverted in float64 for accuracy."""
-    return torch.linalg.inv(lidar2img.double()).to(lidar2img.dtype)
+def stack_img2lidar(img_metas: Sequence[dict], device: torch.device = None) -> torch.Tensor:
+    """The inverses of :func:`stack_lidar2img`'s matrices, ``[bs, N, 4, 4]`` float32.
+
+    Inverted on the host, in float64, from the float32 matrices the device
+    gets: ``torch.linalg.inv`` on CUDA checks its result on the host, a
+    synchronisation per call.
+    """
+    return host_to_device(invert_lidar2img(_lidar2img_matrices(img_metas)), device)
+
+
+def invert_lidar2img(lidar2img: np.ndarray) -> np.ndarray:
+    """``img2lidar`` of ``[..., 4, 4]`` host matrices, inverted in float64 and returned in their dtype."""
+    return np.linalg.inv(lidar2img.astype(np.float64)).astype(lidar2img.dtype)
 
 
 def pad_shape_hw(img_metas: Sequence[dict]) -> Tuple[float, float]:

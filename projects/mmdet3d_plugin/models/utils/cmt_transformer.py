@@ -1,11 +1,14 @@
-"""CMT's transformers: the memory of BEV and/or camera tokens fed to the PETR decoder.
+"""CMT's transformer: the memory of BEV and/or camera tokens fed to the PETR decoder.
 
-``CmtTransformer`` (fusion) builds the memory ``[BEV tokens ; camera tokens]``,
-``CmtLidarTransformer`` BEV tokens only, ``CmtImageTransformer`` camera tokens
-only. They own no parameters besides the decoder's, so upstream checkpoints
-map onto ``transformer.decoder.*`` unchanged. ``CmtTransformer`` also decodes
-against one modality's tokens when the other's features are None (the
-per-modality decoding passes of ``CmtHead``).
+``CmtTransformer`` builds the memory from the tokens it is given: ``[BEV
+tokens ; camera tokens]`` with both, one modality's tokens when the other's
+features are None (a LiDAR-only or camera-only head, a single-modality
+decoding pass of ``CmtHead``). ``CmtLidarTransformer`` and
+``CmtImageTransformer``, upstream CMT's registry names of its LiDAR-only and
+camera-only transformers, are aliases of it: which keys a head decodes is the
+head's choice (``PassPlan``), not the transformer's. It owns no parameters
+besides the decoder's, so upstream checkpoints map onto
+``transformer.decoder.*`` unchanged.
 
 Token order (the order of the keys K, which any cross-attention bias must
 follow): BEV cell ``(h, w)`` is key ``h * W + w``; camera cell ``(v, h, w)``
@@ -63,8 +66,11 @@ def camera_memory(img_feat: torch.Tensor, rv_pos_embed: torch.Tensor,
     return flatten_views(img_feat.permute(0, 2, 3, 1), batch_size), flatten_views(rv_pos_embed, batch_size)
 
 
-class _CmtTransformerBase(BaseModule):
-    """Shared decoder plumbing of the three CMT transformers.
+@TRANSFORMER.register_module(name='CmtLidarTransformer')
+@TRANSFORMER.register_module(name='CmtImageTransformer')
+@TRANSFORMER.register_module()
+class CmtTransformer(BaseModule):
+    """Queries attend to ``[BEV tokens ; camera tokens]``, or to the tokens of one of them.
 
     Args:
         decoder (dict): ``PETRTransformerDecoder`` config.
@@ -112,11 +118,6 @@ class _CmtTransformerBase(BaseModule):
             attn_masks=[self_attn_mask, cross_attn_bias])
         return out_dec.transpose(1, 2)
 
-
-@TRANSFORMER.register_module()
-class CmtTransformer(_CmtTransformerBase):
-    """Fusion transformer: queries attend to ``[BEV tokens ; camera tokens]`` (or to one of them)."""
-
     def forward(self, x: Optional[torch.Tensor], x_img: Optional[torch.Tensor], query_embed: torch.Tensor,
                 bev_pos_embed: Optional[torch.Tensor], rv_pos_embed: Optional[torch.Tensor],
                 self_attn_mask: Optional[torch.Tensor] = None,
@@ -150,48 +151,3 @@ class CmtTransformer(_CmtTransformerBase):
         memory, pos_embed = (torch.cat(tensors, dim=0) for tensors in zip(*parts))
         return self._decode(memory, pos_embed, query_embed, self_attn_mask, cross_attn_bias), memory
 
-
-@TRANSFORMER.register_module()
-class CmtLidarTransformer(_CmtTransformerBase):
-    """LiDAR-only transformer: queries attend to BEV tokens."""
-
-    def forward(self, x: torch.Tensor, query_embed: torch.Tensor, pos_embed: torch.Tensor,
-                self_attn_mask: Optional[torch.Tensor] = None,
-                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Decode.
-
-        Args:
-            x (Tensor): ``[bs, C, H, W]`` BEV features.
-            query_embed (Tensor): ``[bs, Q, C]``.
-            pos_embed (Tensor): ``[H * W, C]``.
-            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
-            cross_attn_bias (Tensor | AttentionBias, optional): over the ``H * W`` keys.
-
-        Returns:
-            tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[H * W, bs, C]``.
-        """
-        memory, pos = bev_memory(x, pos_embed)
-        return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory
-
-
-@TRANSFORMER.register_module()
-class CmtImageTransformer(_CmtTransformerBase):
-    """Camera-only transformer: queries attend to camera tokens."""
-
-    def forward(self, x_img: torch.Tensor, query_embed: torch.Tensor, rv_pos_embed: torch.Tensor,
-                self_attn_mask: Optional[torch.Tensor] = None,
-                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Decode.
-
-        Args:
-            x_img (Tensor): ``[bs * N, C, h, w]`` camera features.
-            query_embed (Tensor): ``[bs, Q, C]``; its first dim gives bs.
-            rv_pos_embed (Tensor): ``[bs * N, h, w, C]``.
-            self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
-            cross_attn_bias (Tensor | AttentionBias, optional): over the ``N * h * w`` keys.
-
-        Returns:
-            tuple[Tensor, Tensor]: ``[num_layers, bs, Q, C]`` and memory ``[N * h * w, bs, C]``.
-        """
-        memory, pos = camera_memory(x_img, rv_pos_embed, query_embed.size(0))
-        return self._decode(memory, pos, query_embed, self_attn_mask, cross_attn_bias), memory

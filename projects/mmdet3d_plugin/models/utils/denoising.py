@@ -88,6 +88,33 @@ def num_dn_groups(max_groups: int, num_queries: int, max_boxes: int) -> int:
     return min(max_groups, num_queries // max_boxes)
 
 
+@dataclass(frozen=True)
+class DenoisingConfig:
+    """CMT's DN training options (``CmtHead``'s ``denoising`` sub-config; upstream configs' flat keys).
+
+    Attributes:
+        scalar (int): maximum number of DN groups; 0 disables DN training.
+        noise_scale (float): DN centre noise scale.
+        noise_trans (float): DN noise offset in metres.
+        split (float): DN noise norm beyond which a copy is background.
+        dn_weight (float): weight of the DN losses.
+    """
+
+    scalar: int = 10
+    noise_scale: float = 1.0
+    noise_trans: float = 0.0
+    split: float = 0.75
+    dn_weight: float = 1.0
+
+    def queries(self, gt_bboxes: Sequence[Tensor], gt_labels: Sequence[Tensor], num_queries: int,
+                pc_range: Sequence[float], num_classes: int) -> Optional[DenoisingQueries]:
+        """:func:`build_dn_queries` with these options (None when ``scalar`` is 0 or there is no DN query)."""
+        if self.scalar <= 0:
+            return None
+        return build_dn_queries(gt_bboxes, gt_labels, num_queries, self.scalar, self.noise_scale, self.noise_trans,
+                                self.split, pc_range, num_classes)
+
+
 def build_dn_queries(gt_bboxes: Sequence[Tensor],
                      gt_labels: Sequence[Tensor],
                      num_queries: int,

@@ -4,7 +4,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ...core.host_data import host_to_device
+from ...utils.host_data import host_to_device
 
 
 def grid_mask_pattern(height: int, width: int, period: int, keep_len: int, offset_h: int, offset_w: int,

@@ -15,15 +15,9 @@ from mmcv.cnn.bricks.registry import TRANSFORMER_LAYER, TRANSFORMER_LAYER_SEQUEN
 from mmcv.cnn.bricks.transformer import BaseTransformerLayer, TransformerLayerSequence
 from torch.utils.checkpoint import checkpoint
 
+from ...attention.per_layer import PerLayer
+
 _CMT_OPERATIONS = {'self_attn', 'norm', 'cross_attn', 'ffn'}
-
-
-class PerLayer(tuple):
-    """One value per decoder layer, e.g. a cross-attention bias with a learned scale per layer.
-
-    Put it in ``attn_masks``; :class:`PETRTransformerDecoder` hands layer ``i``
-    element ``i`` (it raises if the length differs from the number of layers).
-    """
 
 
 def _layer_masks(attn_masks, layer: int, num_layers: int):

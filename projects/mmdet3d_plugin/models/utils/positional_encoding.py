@@ -9,7 +9,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from ...core.host_data import device_constant
+from ...utils.host_data import device_constant
 
 def pos2embed(pos: torch.Tensor, num_pos_feats: int = 128) -> torch.Tensor:
     """Sine/cosine embedding of the first two coordinates of ``pos``.

@@ -7,7 +7,7 @@ from mmdet.core.bbox.builder import BBOX_ASSIGNERS
 from mmdet.core.bbox.match_costs import build_match_cost
 from scipy.optimize import linear_sum_assignment
 
-from ...host_data import device_constant, host_to_device
+from ....utils.host_data import device_constant, host_to_device
 from ..util import normalize_bbox
 
 _CODE_SIZE_NO_VELOCITY = 8

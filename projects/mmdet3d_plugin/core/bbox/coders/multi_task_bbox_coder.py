@@ -5,7 +5,7 @@ import torch
 from mmdet.core.bbox import BaseBBoxCoder
 from mmdet.core.bbox.builder import BBOX_CODERS
 
-from ...host_data import device_constant
+from ....utils.host_data import device_constant
 from ..util import denormalize_bbox
 
 # Order in which the head's regression outputs are concatenated into one code;

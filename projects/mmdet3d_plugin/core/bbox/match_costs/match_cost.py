@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from mmdet.core.bbox.match_costs.builder import MATCH_COST
 
-from ...host_data import device_constant
+from ....utils.host_data import device_constant
 
 
 @MATCH_COST.register_module()

@@ -12,26 +12,23 @@ the device, so a **budget** of rows per sample is recomputed instead:
   that keep the smallest share of their mass and returns how many flagged
   rows it had to leave (the **overflow**; their outputs are the merge's, with
   the cancellation error, never a crash);
-* :class:`ExactRowBudget` sets the budget from the need it observed in
-  earlier calls, read back asynchronously (pinned memory, a CUDA event polled
-  with ``query()``: no synchronisation): ``headroom`` times the largest need
-  of the last ``history`` observations, so a model that needs no
-  recomputation pays nothing, and one that does gets the rows it needed
-  recently. Until a first observation it uses ``initial_share`` of the
-  queries. It sums the overflow on the device; the detector reports it in the
-  training log (``segment_inexact_rows``, read when the log is, see
-  :func:`pop_inexact_rows`).
+* :class:`ExactRowBudget` sets the budget from the call's shapes alone, so
+  the same call recomputes the same rows on every run: ``share`` of the
+  queries, at most as many rows as keep one sample's ``[1, heads, rows, K]``
+  float32 score block within :data:`EXACT_ROWS_MAX_ELEMENTS` (at least one
+  row while ``share > 0``). It sums the overflow on the device; the detector
+  reports it in the training log (``segment_inexact_rows``, read when the log
+  is, see :func:`pop_inexact_rows`).
 """
-import collections
 import math
 import threading
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .base import AttentionCall, dense_additive_bias
-from .math import reference_attention
+from ..base import AttentionCall, dense_additive_bias
+from ..math import reference_attention
 
 
 def recompute_rows(call: AttentionCall, out: Tensor, retained: Tensor, tolerance: float,
@@ -72,58 +69,45 @@ def recompute_rows(call: AttentionCall, out: Tensor, retained: Tensor, tolerance
     return out, overflow
 
 
+#: the largest ``[1, heads, rows, K]`` float32 score block the recomputation of one sample may make: 2**24
+#: elements, 64 MiB (at VoV's 56 400 keys and 8 heads: 37 rows; uncapped, all 900 would take 1.6 GB)
+EXACT_ROWS_MAX_ELEMENTS = 2**24
+
+
 class ExactRowBudget:
-    """The recomputation budget of one accelerator, adapted to the observed need without host synchronisation.
+    """The recomputation budget of one accelerator, a function of the call's shapes, and its overflow count.
 
     Args:
-        initial_share (float): share of the queries recomputed before any need was observed.
-        headroom (float): budget = ``ceil(headroom * largest recent need)``.
-        history (int): how many of the latest observations the budget looks at.
+        share (float): share of the queries recomputed per sample (before the cap).
+        max_elements (int): cap on one sample's ``[1, heads, rows, K]`` float32 score block.
     """
 
-    def __init__(self, initial_share: float = 1.0 / 16, headroom: float = 2.0, history: int = 16) -> None:
-        if not 0.0 <= initial_share <= 1.0 or headroom < 1.0 or history < 1:
-            raise ValueError(f'ExactRowBudget needs 0 <= initial_share <= 1, headroom >= 1 and history >= 1; got '
-                             f'{initial_share}, {headroom}, {history}')
-        self.initial_share, self.headroom = initial_share, headroom
-        self.needs: Deque[int] = collections.deque(maxlen=history)
-        self._pending: List[Tuple[Tensor, object]] = []
+    def __init__(self, share: float = 1.0 / 16, max_elements: int = EXACT_ROWS_MAX_ELEMENTS) -> None:
+        if not 0.0 <= share <= 1.0 or max_elements < 1:
+            raise ValueError(f'ExactRowBudget needs 0 <= share <= 1 and max_elements >= 1; got {share}, '
+                             f'{max_elements}')
+        self.share, self.max_elements = share, max_elements
         self._inexact: Optional[Tensor] = None
         self._lock = threading.Lock()
 
-    def budget(self, num_queries: int) -> int:
-        """Rows per sample to recompute in the next call of ``num_queries`` queries."""
-        self._collect()
-        if not self.needs:
-            return math.ceil(num_queries * self.initial_share)
-        return min(num_queries, math.ceil(self.headroom * max(self.needs)))
+    def budget(self, num_queries: int, num_heads: int, num_keys: int) -> int:
+        """Rows per sample to recompute in a call of ``num_queries`` queries, ``num_heads`` heads, ``num_keys`` keys.
 
-    def record(self, needed: Tensor, overflow: Tensor) -> None:
-        """Note a call's need (``[bs]`` flagged rows per sample) and overflow (``[bs]``), both on the device.
-
-        The need is copied to pinned host memory without blocking and read by a later :meth:`budget` once the
-        copy has finished; a CPU need (the tests of this logic) is read at once.
+        ``min(ceil(share * Q), max_elements // (heads * K))``, at least 1 while ``share > 0``: the same for every
+        call of these shapes, whatever the data.
         """
-        if torch._guards.detect_fake_mode() is not None:  # traced on fake CUDA: nothing to count or read back
+        if self.share == 0 or num_queries == 0:
+            return 0
+        fitting = self.max_elements // max(1, num_heads * num_keys)
+        return max(1, min(math.ceil(self.share * num_queries), fitting))
+
+    def record(self, overflow: Tensor) -> None:
+        """Add a call's overflow (``[bs]`` flagged rows per sample left inexact) to the sum, on the device."""
+        if torch._guards.detect_fake_mode() is not None:  # traced on fake CUDA: nothing to count
             return
         with self._lock:
             total = overflow.sum()
             self._inexact = total if self._inexact is None else self._inexact + total
-        peak = needed.max()
-        if peak.device.type == 'cpu':
-            self.needs.append(int(peak))
-            return
-        host = torch.empty((), dtype=peak.dtype, pin_memory=True)
-        host.copy_(peak, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._pending.append((host, event))
-
-    def _collect(self) -> None:
-        """Move the observations whose copies have finished into :attr:`needs` (never waits)."""
-        while self._pending and self._pending[0][1].query():
-            host, _ = self._pending.pop(0)
-            self.needs.append(int(host))
 
     def pop_inexact(self) -> Optional[Tensor]:
         """The overflow summed since the last call (a device scalar), or None if nothing was recorded."""

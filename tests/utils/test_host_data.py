@@ -3,7 +3,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from projects.mmdet3d_plugin.core.host_data import (HostCopyCounter, device_constant, host_to_device,
+from projects.mmdet3d_plugin.utils.host_data import (HostCopyCounter, device_constant, host_to_device,
                                                     permitted_host_sync)
 
 

@@ -1,10 +1,10 @@
-"""restrict_to_keys: every kind of cross-attention bias cut to a key range equals the dense bias's slice."""
+"""restrict_keys: every kind of cross-attention bias cut to a key range equals the dense bias's slice and keeps its
+structure (``AttentionBias.restrict_keys`` and each part's, the module function for tensors and per-layer biases)."""
 import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention import (AttentionBias, DenseBias, KeyGrid, LowRankBias, SegmentBias,
-                                               WindowBias)
-from projects.mmdet3d_plugin.models.dense_heads.key_range_bias import restrict_to_keys
+                                               WindowBias, restrict_keys)
 from projects.mmdet3d_plugin.models.utils.petr_transformer import PerLayer
 
 BS, HEADS, Q = 2, 3, 5
@@ -43,7 +43,7 @@ def test_restricted_bias_is_the_dense_slice_and_keeps_its_structure(name, key_ra
     all_parts = parts()
     bias = AttentionBias(list(all_parts.values()) if name == 'sum' else all_parts[name], K)
     start, end = RANGES[key_range]
-    restricted = restrict_to_keys(bias, start, end)
+    restricted = bias.restrict_keys(start, end)
     assert restricted.num_keys == end - start
     assert [type(p) for p in restricted.parts] == [type(p) for p in bias.parts], 'a part lost its structure'
     expected = bias.to_dense()
@@ -52,7 +52,7 @@ def test_restricted_bias_is_the_dense_slice_and_keeps_its_structure(name, key_ra
 
 def test_segments_outside_the_range_are_dropped():
     values = torch.randn(BS, 1, Q, 2)
-    camera = restrict_to_keys(AttentionBias(SegmentBias(values, (NUM_BEV, NUM_CAMERA)), K), NUM_BEV, K)
+    camera = AttentionBias(SegmentBias(values, (NUM_BEV, NUM_CAMERA)), K).restrict_keys(NUM_BEV, K)
     (part, ) = camera.parts
     assert part.segment_lengths == (NUM_CAMERA, )
     assert torch.equal(part.values, values[..., 1:])
@@ -63,7 +63,7 @@ def test_window_bias_keeps_the_grids_of_the_range_renumbered(key_range):
     torch.manual_seed(0)
     bias = AttentionBias(window_part(), K)
     start, end = RANGES[key_range]
-    restricted = restrict_to_keys(bias, start, end)
+    restricted = bias.restrict_keys(start, end)
     (part, ) = restricted.parts
     assert len(part.grids) == 1 and part.grids[0].offset == 0 and part.grids[0].num_cells == end - start
     expected = bias.to_dense()[..., start:end]
@@ -72,29 +72,29 @@ def test_window_bias_keeps_the_grids_of_the_range_renumbered(key_range):
 
 def test_a_window_grid_cut_by_the_range_raises():
     with pytest.raises(ValueError, match='cuts the window grid'):
-        restrict_to_keys(AttentionBias(window_part(), K), *RANGES['inner'])
+        AttentionBias(window_part(), K).restrict_keys(*RANGES['inner'])
 
 
 def test_nothing_left_in_the_range_gives_none_and_bad_ranges_raise():
     bev_only = AttentionBias(WindowBias(KeyGrid(0, 1, BEV_H, BEV_W), torch.zeros(BS, Q, 3, dtype=torch.long),
                                         torch.ones(BS, Q, dtype=torch.bool), torch.ones(BS, 1, Q), 3), K)
-    assert restrict_to_keys(bev_only, NUM_BEV, K) is None
-    assert restrict_to_keys(None, 0, 3) is None
+    assert bev_only.restrict_keys(NUM_BEV, K) is None
+    assert restrict_keys(bev_only, NUM_BEV, K) is None and restrict_keys(None, 0, 3) is None
     for start, end in ((0, K + 1), (5, 5), (-1, 3)):
         with pytest.raises(ValueError, match='is not inside'):
-            restrict_to_keys(bev_only, start, end)
+            restrict_keys(bev_only, start, end)
     with pytest.raises(TypeError, match='cannot restrict'):
-        restrict_to_keys([torch.zeros(3)], 0, 1)
+        restrict_keys([torch.zeros(3)], 0, 1)
 
 
 def test_tensors_and_per_layer_biases():
     mask = torch.rand(Q, K) > 0.5
-    assert torch.equal(restrict_to_keys(mask, NUM_BEV, K), mask[:, NUM_BEV:])
+    assert torch.equal(restrict_keys(mask, NUM_BEV, K), mask[:, NUM_BEV:])
     column = torch.randn(BS, 1, Q, 1)
-    assert restrict_to_keys(column, 0, NUM_BEV) is column
+    assert restrict_keys(column, 0, NUM_BEV) is column
     layers = PerLayer(AttentionBias(SegmentBias(torch.full((BS, 1, Q, 2), float(i)), (NUM_BEV, NUM_CAMERA)), K)
                       for i in range(3))
-    restricted = restrict_to_keys(layers, 0, NUM_BEV)
+    restricted = restrict_keys(layers, 0, NUM_BEV)
     assert isinstance(restricted, PerLayer) and len(restricted) == 3
     for i, layer in enumerate(restricted):
         assert layer.num_keys == NUM_BEV and torch.all(layer.to_dense() == i)

@@ -15,8 +15,9 @@ the difference of two exponentials that are both at most 1. When the
 correction removes most of the mass (a very negative ``w`` on keys that
 dominate the row), the subtraction is ill-conditioned; those rows are detected
 (``Z < tol * sum_s e^{a_s}``) and recomputed exactly with the reference over
-all keys (:mod:`.exact_rows`: every flagged row on the CPU, an adaptive
-budget of rows elsewhere, never a crash or a host synchronisation).
+all keys (:mod:`.exact_rows`: every flagged row on the CPU; elsewhere a budget
+of rows set by the call's shapes alone, never a crash or a host
+synchronisation).
 
 **Backward** (a custom ``autograd.Function``). With ``pi_s = e^{a_s} / Z`` the
 probability of key ``k`` in segment ``s`` is ``pi_s p_s(k)`` plus, for a
@@ -28,8 +29,11 @@ window key, ``c_k / Z``. So the fused backward of each segment, called with
 ``dL/dw_j = P_j (dO . v_j - D)`` with ``P_j`` the key's full probability.
 
 No tensor of size ``Q * K`` is ever made; the window part costs
-``O(Q * L * heads * d)`` time and ``O(Q * L * heads)`` memory with the sparse
-slot products of :mod:`.window_slots` (no gathered copy of the keys).
+``O(Q * L * heads * d)`` time and ``O(Q * L * heads)`` memory with the slot
+products of :mod:`.window_slots`: on the CPU sparse products with no gathered
+copy of the keys; elsewhere gathered slot rows in chunks of queries of bounded
+size and one ``scatter_add_`` per chunk, without ``embedding_bag`` (the pattern
+knows the slots' validity, so its invalid slots never pile onto one key).
 """
 import bisect
 from typing import List, Optional, Tuple
@@ -37,9 +41,9 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...core.host_data import device_constant
-from ..bias import SegmentBias, WindowBias
-from .base import AttentionBackend, AttentionCall
+from ....utils.host_data import device_constant
+from ...bias import SegmentBias, WindowBias
+from ..base import AttentionBackend, AttentionCall
 from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
 from .window_slots import SlotPattern
@@ -245,8 +249,9 @@ class SegmentBackend(AttentionBackend):
     @staticmethod
     def _plan(call: AttentionCall) -> Tuple[SegmentPlan, Optional[Tensor], Optional[Tensor]]:
         num_keys = call.k.size(2)
-        parts = call.bias.parts if call.bias is not None else ()
-        bounds, segment_values = segment_layout([p for p in parts if isinstance(p, SegmentBias)], num_keys)
+        bias = call.bias
+        segments = bias.parts_of_type(SegmentBias) if bias is not None else []
+        bounds, segment_values = segment_layout(segments, num_keys)
         key_masks, empty = [None] * len(bounds), None
         padding = call.key_padding_mask
         if padding is not None:
@@ -258,7 +263,7 @@ class SegmentBackend(AttentionBackend):
                     mask = torch.zeros(padding[:, start:end].shape, dtype=call.q.dtype, device=padding.device)
                     key_masks[i] = mask.masked_fill(padding[:, start:end], float('-inf'))[:, None, None]
         window = window_valid = window_segment = window_weight = None
-        windows = [p.window_keys() for p in parts if isinstance(p, WindowBias)]
+        windows = [part.window_keys() for part in bias.parts_of_type(WindowBias)] if bias is not None else []
         if windows:
             heads = max(w.weight.size(1) for w in windows)
             window_index, window_valid, window_weight = (
@@ -272,7 +277,7 @@ class SegmentBackend(AttentionBackend):
             window_segment = torch.zeros_like(window_index)
             for start, _ in bounds[1:]:  # compared with host numbers: no boundary tensor to copy to the device
                 window_segment += window_index >= start
-            window = SlotPattern(window_index, num_keys, call.q.size(1))
+            window = SlotPattern(window_index, num_keys, call.q.size(1), valid=window_valid)
         tolerance = CANCELLATION_TOLERANCE.get(call.q.dtype, DEFAULT_CANCELLATION_TOLERANCE)
         plan = SegmentPlan(bounds, key_masks, empty, window, window_valid, window_segment, call.scale, tolerance)
         return plan, segment_values, window_weight
@@ -283,7 +288,8 @@ def _recompute_cancelled_rows(call: AttentionCall, out: Tensor, retained: Tensor
 
     On the CPU exactly the flagged ones (reading their count is free there);
     elsewhere the device's :class:`~.exact_rows.ExactRowBudget` of rows per
-    sample, with the overflow counted on the device (no synchronisation).
+    sample (a function of Q, heads and K only), with the overflow counted on
+    the device (no synchronisation).
 
     Args:
         call (AttentionCall): the call.
@@ -294,6 +300,7 @@ def _recompute_cancelled_rows(call: AttentionCall, out: Tensor, retained: Tensor
     if call.device_type == 'cpu':
         return recompute_rows(call, out, retained, tolerance, int((retained < tolerance).sum(-1).max()))[0]
     budget = budget_of(out.device)
-    out, overflow = recompute_rows(call, out, retained, tolerance, budget.budget(retained.size(-1)))
-    budget.record((retained < tolerance).sum(-1), overflow)
+    rows = budget.budget(retained.size(-1), out.size(1), call.k.size(2))
+    out, overflow = recompute_rows(call, out, retained, tolerance, rows)
+    budget.record(overflow)
     return out

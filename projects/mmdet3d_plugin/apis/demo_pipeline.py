@@ -1,0 +1,291 @@
+"""The end-to-end demo on synthetic nuScenes (``tools/demo.py``, ``make demo``): data → train → official evaluation.
+
+Steps of :func:`run_demo`, each printed as it starts and skipped when its
+output is already there (so a second run, or a run after an interruption,
+continues where it stopped):
+
+1. ``tools/make_synthetic_nuscenes.py``: a small dataset in the nuScenes v1.0 format;
+2. ``tools/create_data.py nuscenes``: info files and the GT database;
+3. ``tools/init_checkpoint.py`` + ``tools/test.py --eval bbox``: the untrained model's metrics;
+4. ``tools/train.py --auto-resume``: trains the tiny model, in ``processes``
+   data-parallel processes (:func:`training_processes`, :func:`train_command`);
+5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
+
+then prints the metrics of both models side by side (:func:`metrics_table`)
+and where the logs, TensorBoard events and checkpoints are. The tools run as
+processes of this interpreter in the repository root, on a copy of the demo
+config pointed at the data root (``<work dir>/<config name>.py``). The
+robustness study runs its tools the same way (:class:`DemoStudyTools`).
+"""
+import glob
+import hashlib
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .local_resources import free_port, usable_cores
+from .repo_paths import REPO_ROOT
+
+# cmt_aqr: CMT-AQR with a camera decoding pass (its cameras detect alone); cmt_aqr_fused: the same detector
+# decoding the fused pass only (the robustness study's stage-1 base).
+CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny_passes.py',
+               cmt_aqr_fused='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py',
+               cmt_camera='configs/demo/cmt_camera_synthetic_tiny.py')
+# v1.0-trainval: its official scene names allow more than the 10 scenes of v1.0-mini.
+DEMO_VERSION = 'v1.0-trainval'
+# The demo configs detect within +-25.6 m of the ego; objects stay inside with room for their size.
+OBJECT_RANGE_M = 22.0
+METRIC_PREFIX = 'pts_bbox_NuScenes/'
+SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
+TOTAL_STEPS = 5
+
+
+def banner(step: int, total: int, text: str) -> None:
+    print(f'\n[demo {step}/{total}] {text}', flush=True)
+
+
+def run_tool(command: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    """Run a tool of this repository with the same interpreter (and ``env`` added to the environment); stop the
+    demo naming the step if it fails."""
+    assignments = [f'{name}={value}' for name, value in (env or {}).items()]
+    print('  $ ' + ' '.join(assignments + command), flush=True)
+    result = subprocess.run([sys.executable] + command, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})))
+    if result.returncode != 0:
+        raise SystemExit(f'demo stopped: `{" ".join(command)}` exited with code {result.returncode}')
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path: str, value) -> None:
+    with open(path, 'w') as f:
+        json.dump(value, f)
+
+
+@dataclass
+class DemoDataset:
+    """The demo's synthetic set: where it is and the generator options it is made with.
+
+    Attributes:
+        data_root (str): its folder, relative to the repository root or absolute.
+        scenes (int): synthetic scenes (a fifth of them for validation).
+        samples (int): key frames per scene.
+        seed (int): the generator's seed.
+        generator_version (str): ``GENERATOR_VERSION`` of
+            ``tools/data_converter/synthetic/generator.py``, given by the tool (the plugin never imports tools/):
+            a set made by another version is made again.
+    """
+
+    data_root: str
+    scenes: int
+    samples: int
+    seed: int
+    generator_version: str
+
+    def generator_arguments(self) -> List[str]:
+        """The generator's options; the demo config reads 384 x 216 images and 3 sweeps."""
+        return ['--root', self.data_root, '--version', DEMO_VERSION, '--scenes', str(self.scenes), '--samples',
+                str(self.samples), '--seed', str(self.seed), '--image-size', '384', '216', '--lidar-azimuths', '360',
+                '--sweeps', '3', '--object-range', str(OBJECT_RANGE_M)]
+
+    def stamp(self) -> dict:
+        """What identifies the set: the generator's version and options, and create_data's options."""
+        return dict(generator=self.generator_arguments(), generator_version=self.generator_version,
+                    infos='--max-sweeps 3')
+
+    def prepare(self, total: int) -> None:
+        """Steps 1 and 2, skipped when the stamp of the previous run has the same generator options."""
+        stamp = osp.join(REPO_ROOT, self.data_root, '.demo_dataset.json')
+        wanted = self.stamp()
+        if osp.exists(stamp) and read_json(stamp) == wanted:
+            banner(1, total, f'synthetic nuScenes already in {self.data_root} (delete it to regenerate)')
+            banner(2, total, 'info files and GT database already created')
+            return
+        banner(1, total, f'generating synthetic nuScenes in {self.data_root}')
+        run_tool(['tools/make_synthetic_nuscenes.py'] + self.generator_arguments())
+        banner(2, total, 'creating the info files and the GT database')
+        run_tool(['tools/create_data.py', 'nuscenes', '--root-path', self.data_root, '--out-dir', self.data_root,
+                  '--extra-tag', 'nuscenes', '--version', DEMO_VERSION, '--max-sweeps', '3'])
+        write_json(stamp, wanted)
+
+
+def latest_metrics(eval_dir: str) -> Optional[Dict[str, float]]:
+    """The metrics of the newest ``eval_*.json`` that tools/test.py wrote in ``eval_dir``, if any."""
+    files = sorted(glob.glob(osp.join(eval_dir, 'eval_*.json')))
+    return read_json(files[-1])['metrics'] if files else None
+
+
+def evaluate(config: str, checkpoint: str, eval_dir: str, cfg_options: List[str]) -> Dict[str, float]:
+    """``tools/test.py --eval bbox`` of a checkpoint; the metrics it wrote."""
+    run_tool(['tools/test.py', config, checkpoint, '--eval', 'bbox', '--work-dir', eval_dir]
+             + (['--cfg-options'] + cfg_options if cfg_options else []))
+    metrics = latest_metrics(osp.join(REPO_ROOT, eval_dir))
+    if metrics is None:
+        raise SystemExit(f'demo stopped: tools/test.py wrote no eval_*.json in {eval_dir}')
+    return metrics
+
+
+def metrics_table(columns: Dict[str, Dict[str, float]], class_names: Sequence[str] = ()) -> str:
+    """A Markdown table: one row per summary metric (and per class AP at 2 m), one column per model."""
+    names = list(columns)
+    lines = ['| metric | ' + ' | '.join(names) + ' |', '|---|' + '---:|' * len(names)]
+    rows = [(name, METRIC_PREFIX + name) for name in SUMMARY_METRICS]
+    rows += [(f'AP {cls} (2 m)', f'{METRIC_PREFIX}{cls}_AP_dist_2.0') for cls in class_names]
+    for label, key in rows:
+        values = [columns[name].get(key) for name in names]
+        if all(value is None for value in values):
+            continue
+        lines.append(f'| {label} | ' + ' | '.join('-' if v is None else f'{v:.4f}' for v in values) + ' |')
+    return '\n'.join(lines)
+
+
+def demo_config(model: str, data_root: str):
+    """The demo config of ``model`` (an mmcv ``Config``) reading ``data_root``."""
+    from mmcv import Config
+
+    from ..datasets.data_root_config import retarget_data_root
+    return retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, CONFIGS[model])), osp.join(REPO_ROOT, data_root))
+
+
+def claim_work_dir(work_dir: str, fingerprint: dict) -> None:
+    """Mark ``work_dir`` as this demo run's, or stop if it holds a run of another config or dataset.
+
+    Resuming a checkpoint of another model or data (an older version of the
+    demo, another seed) would silently mix the two, so the work dir keeps
+    ``.demo_run.json``: the config and the dataset stamp it was made for.
+    """
+    stamp = osp.join(REPO_ROOT, work_dir, '.demo_run.json')
+    if osp.exists(stamp):
+        if read_json(stamp) != fingerprint:
+            raise SystemExit(f'demo stopped: {work_dir} holds a demo run of another config or dataset ({stamp}); '
+                             'delete that folder to start over, or pass another --work-dir')
+        return
+    if any(not name.startswith('.') for name in os.listdir(osp.join(REPO_ROOT, work_dir))):
+        raise SystemExit(f'demo stopped: {work_dir} holds files of an earlier run that is not marked as a run of '
+                         'this demo (an older version of it?); delete that folder to start over, or pass another '
+                         '--work-dir')
+    write_json(stamp, fingerprint)
+
+
+def training_processes(requested: Optional[int], config_processes: int, cores: int, has_gpu: bool) -> int:
+    """How many data-parallel processes train the demo.
+
+    Args:
+        requested (int, optional): ``--processes``; None takes the config's
+            ``config_processes`` on a CPU machine with at least as many cores, else 1.
+        config_processes (int): the config's ``demo_processes`` (1 when it sets none).
+        cores (int): usable CPU cores.
+        has_gpu (bool): whether CUDA is available (then one process drives the GPU).
+    """
+    if requested is None:
+        return config_processes if not has_gpu and cores >= config_processes else 1
+    if requested < 1:
+        raise SystemExit(f'demo stopped: --processes must be >= 1, got {requested}')
+    return requested
+
+
+def train_command(arguments: List[str], processes: int, cores: int) -> Tuple[List[str], Dict[str, str]]:
+    """The command and environment that run ``tools/train.py arguments`` in ``processes`` processes.
+
+    Several processes run under ``torch.distributed.run`` with the ``pytorch``
+    launcher (gloo without a GPU), each with ``cores // processes`` threads.
+    """
+    if processes == 1:
+        return ['tools/train.py'] + arguments, {}
+    launcher = ['-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node', str(processes),
+                '--master_addr', '127.0.0.1', '--master_port', str(free_port())]
+    threads = str(max(1, cores // processes))
+    return launcher + ['tools/train.py', '--launcher', 'pytorch'] + arguments, dict(OMP_NUM_THREADS=threads,
+                                                                                 MKL_NUM_THREADS=threads)
+
+
+def run_fingerprint(cfg, dataset: DemoDataset) -> dict:
+    """What a work dir's checkpoints depend on: the whole config and the dataset stamp."""
+    config = json.dumps(cfg._cfg_dict.to_dict(), sort_keys=True, default=str)
+    return dict(config_sha256=hashlib.sha256(config.encode()).hexdigest(), dataset=dataset.stamp())
+
+
+class DemoStudyTools:
+    """The robustness study's ``StudyTools``: the demo's data generator, tool runner and work-dir claims."""
+
+    def __init__(self, dataset: DemoDataset) -> None:
+        self.dataset = dataset
+
+    def prepare_data(self) -> None:
+        self.dataset.prepare(2)
+
+    def run(self, command: List[str]) -> None:
+        run_tool(command)
+
+    def claim_work_dir(self, work_dir: str, cfg, seed: int) -> None:
+        claim_work_dir(work_dir, dict(run_fingerprint(cfg, self.dataset), seed=seed))
+
+
+def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, epochs: Optional[int] = None,
+             processes: Optional[int] = None, cfg_options: Sequence[str] = ()) -> None:
+    """The five steps of the module doc for ``model`` (a key of :data:`CONFIGS`), then the metrics table.
+
+    Args:
+        model (str): the demo config to train.
+        dataset (DemoDataset): the synthetic set (made unless it is there).
+        work_dir (str, optional): logs, checkpoints and metrics (default ``work_dirs/demo_<model>``).
+        epochs (int, optional): training epochs (default: the config's).
+        processes (int, optional): data-parallel training processes (see :func:`training_processes`).
+        cfg_options (Sequence[str]): ``key=value`` settings passed on to tools/train.py and tools/test.py.
+    """
+    start = time.time()
+    work_dir = work_dir or osp.join('work_dirs', f'demo_{model}')
+    cfg_options = list(cfg_options)
+    train_options = cfg_options + ([f'runner.max_epochs={epochs}'] if epochs is not None else [])
+    total = TOTAL_STEPS
+    for folder in (work_dir, dataset.data_root):
+        os.makedirs(osp.join(REPO_ROOT, folder), exist_ok=True)
+    cfg = demo_config(model, dataset.data_root)
+    import torch
+    cores = usable_cores()
+    processes = training_processes(processes, cfg.get('demo_processes', 1), cores, torch.cuda.is_available())
+    claim_work_dir(work_dir, run_fingerprint(cfg, dataset))
+    config = osp.join(work_dir, osp.basename(CONFIGS[model]))
+    cfg.dump(osp.join(REPO_ROOT, config))
+    dataset.prepare(total)
+
+    untrained_dir = osp.join(work_dir, 'untrained')
+    untrained = latest_metrics(osp.join(REPO_ROOT, untrained_dir))
+    if untrained is None:
+        banner(3, total, 'evaluating the untrained model (the reference the trained one must beat)')
+        os.makedirs(osp.join(REPO_ROOT, untrained_dir), exist_ok=True)
+        init_checkpoint = osp.join(untrained_dir, 'init.pth')
+        run_tool(['tools/init_checkpoint.py', config, init_checkpoint, '--seed', str(dataset.seed)])
+        untrained = evaluate(config, init_checkpoint, untrained_dir, cfg_options)
+    else:
+        banner(3, total, f'untrained model already evaluated ({untrained_dir})')
+
+    banner(4, total, f'training {CONFIGS[model]} (resumes from {work_dir}/latest.pth if a previous run stopped)'
+           + (f' in {processes} processes of {cfg.data.samples_per_gpu} samples each' if processes > 1 else ''))
+    train_start = time.time()
+    run_tool(*train_command([config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
+                             str(dataset.seed)] + (['--cfg-options'] + train_options if train_options else []),
+                            processes, cores))
+    train_minutes = (time.time() - train_start) / 60
+
+    banner(5, total, 'evaluating the trained model with the nuScenes devkit')
+    checkpoint = osp.join(work_dir, 'latest.pth')
+    trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), cfg_options)
+
+    table = metrics_table({'untrained': untrained, f'trained {model}': trained}, cfg.get('class_names', ()))
+    with open(osp.join(REPO_ROOT, work_dir, 'demo_metrics.md'), 'w') as f:
+        f.write(table + '\n')
+    print(f'\n{model} on synthetic nuScenes ({dataset.data_root}, val split), official DetectionEval:\n')
+    print(table)
+    print(f'\ntraining: {train_minutes:.1f} min; whole demo: {(time.time() - start) / 60:.1f} min')
+    print(f'checkpoint:   {checkpoint}')
+    print(f'logs:         {work_dir}/*.log (text), {work_dir}/*.log.json (per iteration)')
+    print(f'TensorBoard:  tensorboard --logdir {work_dir}/tf_logs')
+    print(f'metrics:      {work_dir}/trained/eval_*.json, table in {work_dir}/demo_metrics.md')

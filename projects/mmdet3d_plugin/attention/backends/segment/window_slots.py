@@ -1,0 +1,245 @@
+"""Sparse products over per-query key slots, without copying the key tables.
+
+Each query ``q`` of sample ``b`` owns ``L`` key slots ``index[b, q, :]`` (its
+window keys), the same for every head. The window correction of the
+``segment`` backend and the AQR local window attention need three products
+over them, for all samples and heads at once:
+
+* :meth:`SlotPattern.dot`: ``out[q, j] = a[q] . x[index[q, j]]``;
+* :meth:`SlotPattern.weighted_sum`: ``out[q] = sum_j w[q, j] x[index[q, j]]``;
+* :meth:`SlotPattern.scatter_add_`: ``out[k] += sum_{(q, j): index[q, j] = k} w[q, j] a[q]``.
+
+Two formulations compute them (``formulation=``, default per device type in
+:data:`FORMULATIONS`):
+
+* ``'sparse'`` (the CPU's): ``dot`` is a batched ``torch.sparse.sampled_addmm``
+  on a CSR pattern, ``weighted_sum`` one ``embedding_bag`` over the stacked
+  per-(sample, head) key tables, ``scatter_add_`` one ``embedding_bag`` over
+  the inverse pattern (a bag per key). None writes a ``[Q, L, d]`` copy of the
+  keys and each is one kernel call for the whole batch: fast on the CPU. Off
+  the CPU ``dot`` gathers the keys instead (sparse CSR tensors have no
+  fake-tensor kernels), and the two ``embedding_bag`` products are slow
+  (issue 37: 128 ms in 28 calls per VoV training step on an H200): every
+  invalid slot points at key 0 (or a grid's first key) with weight 0, so one
+  bag of the inverse pattern holds tens of thousands of entries and is
+  reduced serially, bags of ``d = 32`` give a GPU little parallelism, and
+  ``.reshape(-1, d)`` of a transposed ``[bs, heads, K, d]`` view copies the
+  whole key table on every call.
+* ``'gather'`` (every other device's): no ``embedding_bag`` and no copy of a
+  key table. ``dot`` and ``weighted_sum`` gather the slots' rows of ``x``
+  straight from its ``[bs, heads, K, d]`` view (any strides, in ``x``'s own
+  dtype, converted to float32 after the gather) in chunks of queries
+  (:data:`GATHER_MAX_ELEMENTS` per gathered block) and reduce them with one
+  batched product per chunk. ``scatter_add_`` forms ``w[q, j] a[q]`` per
+  chunk and adds it with one ``scatter_add_`` into ``target``'s own
+  ``[bs, heads, K, d]`` view; a slot that contributes nothing (weight exactly
+  0, or invalid when the pattern knows ``valid``) is routed to a key of its
+  own instead of the key its index names: slot ``(q, j)`` to key
+  ``(q * L + j) mod K`` with weight 0, which adds exactly 0 there, so no key
+  receives more than ``ceil(Q * L / K)`` of these no-op adds per table (the
+  ``'sparse'`` inverse pattern gave key 0 every invalid slot of the batch). All
+  shapes are functions of ``(bs, heads, Q, L, K, d)``: no host
+  synchronisation, no data-dependent shape.
+
+Both formulations compute the same sums up to float32 rounding (tested
+against each other, and the whole ``segment`` backend with the ``'gather'``
+formulation forced on the CPU against ``math``). All products run in float32.
+"""
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: formulation of the products per device type; a device type not listed takes ``'gather'``. Tests force
+#: ``'gather'`` on the CPU through it, and a GPU benchmark can set ``'cuda': 'sparse'`` for the old products
+FORMULATIONS = {'cpu': 'sparse'}
+#: most elements of one gathered ``[bs, heads, chunk * L, d]`` float32 block of the ``'gather'`` formulation
+#: (2^25: 128 MiB); the queries are processed in chunks of at least one query that stay within it
+GATHER_MAX_ELEMENTS = 2**25
+
+
+def default_formulation(device: torch.device) -> str:
+    """The formulation :class:`SlotPattern` uses on ``device`` unless told (:data:`FORMULATIONS`)."""
+    return FORMULATIONS.get(torch.device(device).type, 'gather')
+
+
+class SlotPattern:
+    """The slot structure of one attention call.
+
+    Args:
+        index (Tensor): ``[bs, Q, L]`` long key index of every slot.
+        num_keys (int): K.
+        num_heads (int): heads sharing the pattern.
+        valid (Tensor, optional): ``[bs, Q, L]`` bool, False for a slot that
+            must contribute nothing (clipped window cell, invisible query,
+            padded key). The callers already give such slots the weight 0,
+            which is what the ``'sparse'`` formulation relies on; the
+            ``'gather'`` formulation also zeroes their weights and routes them
+            away from the key their index names (see the module docstring).
+        formulation (str, optional): ``'sparse'`` or ``'gather'``; default
+            :func:`default_formulation` of the index's device.
+    """
+
+    def __init__(self, index: Tensor, num_keys: int, num_heads: int, valid: Optional[Tensor] = None,
+                 formulation: Optional[str] = None) -> None:
+        self.index = index
+        self.num_keys, self.num_heads = num_keys, num_heads
+        self.valid = valid
+        self.formulation = default_formulation(index.device) if formulation is None else formulation
+        if self.formulation not in ('sparse', 'gather'):
+            raise ValueError(f"formulation must be 'sparse' or 'gather', got {self.formulation!r}")
+        self._csr = self._bags = self._inverse = self._spread = None
+        if self.formulation == 'sparse':
+            bs, num_queries, length = index.shape
+            tables = bs * num_heads
+            self._csr = self._sampled_pattern(index, num_keys, num_heads) if index.device.type == 'cpu' else None
+            # row of key k of (sample b, head h) in the stacked [bs * heads * K, d] table
+            table_start = (torch.arange(tables, device=index.device) * num_keys).view(bs, num_heads, 1, 1)
+            self._bags = (index[:, None] + table_start).view(tables * num_queries, length)
+
+    @staticmethod
+    def _sampled_pattern(index: Tensor, num_keys: int, num_heads: int) -> Tensor:
+        """The slots as a batched CSR pattern ``[bs * heads, Q, max(K, L)]`` for ``sampled_addmm``."""
+        bs, num_queries, length = index.shape
+        tables = bs * num_heads
+        # sampled_addmm fails when a pattern has more entries than its dense shape: widen tiny key sets
+        crow = torch.arange(0, num_queries * length + 1, length, device=index.device).expand(tables, -1)
+        columns = index.reshape(bs, 1, -1).expand(-1, num_heads, -1).reshape(tables, -1)
+        values = torch.zeros(columns.shape, dtype=torch.float32, device=index.device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
+            return torch.sparse_csr_tensor(crow.contiguous(), columns, values,
+                                           size=(tables, num_queries, max(num_keys, length)), check_invariants=False)
+
+    def _inverse_pattern(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """Slots sorted by key: their order ``[bs, heads, Q*L]``, their stacked query rows and each bag's start."""
+        if self._inverse is None:
+            bs, num_queries, length = self.index.shape
+            flat = self.index.reshape(bs, -1)
+            order = torch.argsort(flat, dim=-1, stable=True)
+            starts = torch.searchsorted(torch.gather(flat, -1, order),
+                                        torch.arange(self.num_keys, device=flat.device).expand(bs, -1).contiguous())
+            tables = torch.arange(bs * self.num_heads, device=flat.device).view(bs, self.num_heads, 1)
+            queries = (order // length)[:, None] + tables * num_queries
+            offsets = starts[:, None] + tables * (num_queries * length)
+            self._inverse = (order[:, None].expand(-1, self.num_heads, -1), queries.reshape(-1), offsets.reshape(-1))
+        return self._inverse
+
+    def dot(self, a: Tensor, x: Tensor, scale: float = 1.0) -> Tensor:
+        """``scale * a . x`` at the slots: ``[bs, heads, Q, d]``, ``[bs, heads, K, d]`` -> ``[bs, heads, Q, L]``.
+
+        On the CPU (``'sparse'``) a batched ``sampled_addmm``; otherwise the
+        slots' keys are gathered in chunks of queries and multiplied, a
+        fixed-shape kernel that traces under ``FakeTensorMode``. Both compute
+        the same products (tested against each other on the CPU). Invalid
+        slots get ``a . x[index]`` like any other: callers mask them.
+        """
+        a = a.float() * scale if scale != 1.0 else a.float()
+        if self._csr is None:
+            return self.gathered_dot(a, x)
+        bs, heads, num_queries, dim = a.shape
+        x = x.float()
+        num_columns = self._csr.size(-1)
+        if num_columns > self.num_keys:
+            x = F.pad(x, (0, 0, 0, num_columns - self.num_keys))
+        out = torch.sparse.sampled_addmm(self._csr, a.reshape(-1, num_queries, dim),
+                                         x.reshape(-1, num_columns, dim).transpose(1, 2), beta=0.0)
+        return out.values().view(bs, heads, num_queries, -1)
+
+    def gathered_dot(self, a: Tensor, x: Tensor) -> Tensor:
+        """``a . x`` at the slots through gathered copies of the slots' keys, chunk by chunk of queries."""
+        a = a.float()
+        return _cat_queries([torch.einsum('bhqd,bhqld->bhql', a[:, :, start:end], self._gather_rows(x, start, end))
+                             for start, end in self._chunks(a.size(1), a.size(-1))])
+
+    def weighted_sum(self, weights: Tensor, x: Tensor) -> Tensor:
+        """``sum_j weights[..., q, j] x[..., index[q, j], :]`` -> ``[bs, heads, Q, d]``."""
+        bs, heads, num_queries, length = weights.shape
+        if self.formulation == 'gather':
+            weights = self._live_weights(weights.float())
+            return _cat_queries([
+                torch.einsum('bhql,bhqld->bhqd', weights[:, :, start:end], self._gather_rows(x, start, end))
+                for start, end in self._chunks(heads, x.size(-1))])
+        out = F.embedding_bag(self._bags, x.float().reshape(-1, x.size(-1)),
+                              per_sample_weights=weights.reshape(-1, length), mode='sum')
+        return out.view(bs, heads, num_queries, -1)
+
+    def scatter_add_(self, target: Tensor, weights: Tensor, a: Tensor, alpha: float = 1.0) -> None:
+        """``target[..., k, :] += alpha * sum_{q, j: index[q, j] = k} weights[..., q, j] a[..., q, :]``.
+
+        Args:
+            target (Tensor): ``[bs, heads, K, d]`` float32, updated in place (any strides).
+            weights (Tensor): ``[bs, heads, Q, L]``.
+            a (Tensor): ``[bs, heads, Q, d]``.
+            alpha (float): multiplier.
+        """
+        if self.formulation == 'gather':
+            self._gathered_scatter_add_(target, weights, a, alpha)
+            return
+        order, queries, offsets = self._inverse_pattern()
+        sorted_weights = torch.gather(weights.reshape(order.shape[0], order.shape[1], -1), -1, order)
+        out = F.embedding_bag(queries, a.float().reshape(-1, a.size(-1)), offsets=offsets,
+                              per_sample_weights=sorted_weights.reshape(-1), mode='sum')
+        target.add_(out.view(target.shape), alpha=alpha)
+
+    # the 'gather' formulation
+
+    def _chunks(self, heads: int, dim: int) -> List[Tuple[int, int]]:
+        """Query ranges whose gathered ``[bs, heads, chunk * L, dim]`` block has at most :data:`GATHER_MAX_ELEMENTS`
+        elements (at least one query each): a function of the shapes alone."""
+        bs, num_queries, length = self.index.shape
+        size = max(1, GATHER_MAX_ELEMENTS // max(1, bs * heads * length * dim))
+        return [(start, min(start + size, num_queries)) for start in range(0, num_queries, size)]
+
+    def _gather_rows(self, x: Tensor, start: int, end: int) -> Tensor:
+        """The rows of the slots of queries ``start:end``: ``[bs, heads, end - start, L, d]`` float32, gathered from
+        ``x`` ``[bs, heads, K, d]`` as it is (no contiguous or float32 copy of the table)."""
+        bs, heads, _, dim = x.shape
+        length = self.index.size(-1)
+        index = self.index[:, start:end].reshape(bs, 1, -1, 1).expand(-1, heads, -1, dim)
+        return torch.gather(x, 2, index).view(bs, heads, end - start, length, dim).float()
+
+    def _live_weights(self, weights: Tensor) -> Tensor:
+        """``weights`` with the invalid slots' set to 0 (unchanged when the pattern has no ``valid``)."""
+        return weights if self.valid is None else weights.masked_fill(~self.valid[:, None], 0.0)
+
+    def routed_index(self, weights: Tensor, start: int = 0, end: Optional[int] = None) -> Tensor:
+        """The key each slot of queries ``start:end`` is added to by the ``'gather'`` :meth:`scatter_add_`.
+
+        A slot with a non-zero weight keeps its key; a slot whose (live)
+        weight is exactly 0 adds exactly 0, so it goes to key
+        ``(q * L + j) mod K`` instead, which spreads these no-op adds evenly
+        over the keys (at most ``ceil(Q * L / K)`` per key and table).
+
+        Args:
+            weights (Tensor): ``[bs, heads, end - start, L]`` float32 weights, invalid slots already zeroed.
+
+        Returns:
+            Tensor: ``[bs, heads, end - start, L]`` long.
+        """
+        num_queries, length = self.index.shape[1:]
+        end = num_queries if end is None else end
+        if self._spread is None:
+            self._spread = torch.arange(num_queries * length, device=self.index.device).remainder_(
+                self.num_keys).view(num_queries, length)
+        return torch.where(weights != 0, self.index[:, None, start:end], self._spread[start:end])
+
+    def _gathered_scatter_add_(self, target: Tensor, weights: Tensor, a: Tensor, alpha: float) -> None:
+        """:meth:`scatter_add_` as one ``scatter_add_`` per chunk of queries into ``target``'s own view."""
+        heads, dim = a.size(1), a.size(-1)
+        weights = self._live_weights(weights.float())
+        if alpha != 1.0:
+            weights = weights * alpha
+        a = a.float()
+        for start, end in self._chunks(heads, dim):
+            chunk = weights[:, :, start:end]
+            index = self.routed_index(chunk, start, end).flatten(2)[..., None].expand(-1, -1, -1, dim)
+            contributions = (chunk[..., None] * a[:, :, start:end, None]).flatten(2, 3)
+            target.scatter_add_(2, index, contributions)
+
+
+def _cat_queries(chunks: List[Tensor]) -> Tensor:
+    """Chunks of queries (dim 2) back into one tensor (no copy for a single chunk)."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks, 2)

@@ -1,0 +1,245 @@
+"""The :class:`WindowBias`: per query, a linearly decaying window around a centre cell on key grids (the AQR
+local bias), its stencil and its window keys."""
+import functools
+import math
+from typing import Iterable, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ...utils.host_data import device_constant
+from .key_grid import KeyGrid
+from .part import BiasPart, ScoreTerm, _check_tensor, _float_to, _to_int
+
+
+@functools.lru_cache(maxsize=32)
+def _stencil_cells(window_size: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[float, ...]]:
+    """``dy``, ``dx`` and ``decay`` of :func:`window_stencil` as Python numbers (computed once per size)."""
+    radius = window_size // 2
+    cells = [(y, x, 1.0 - math.sqrt(y * y + x * x) / (window_size / 2.0))
+             for y in range(-radius, radius + 1) for x in range(-radius, radius + 1)]
+    dy, dx, decay = zip(*[cell for cell in cells if cell[2] > 0])
+    return dy, dx, decay
+
+
+def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tensor]:
+    """The cells of a square window that get a non-zero linear-decay weight.
+
+    The cells are chosen on the host and copied to each device once
+    (:func:`~projects.mmdet3d_plugin.utils.host_data.device_constant`), so building the stencil has
+    no data-dependent shape and no device synchronisation (the same code runs,
+    and traces under ``FakeTensorMode``, on every device).
+
+    Args:
+        window_size (int): odd side length ``ws``.
+        device (torch.device, optional): device of the results.
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: ``dy``, ``dx`` (long) and ``decay``
+        (float32), each ``[L]``: the cells with ``|dy|, |dx| <= ws // 2`` and
+        ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
+    """
+    dy, dx, decay = _stencil_cells(window_size)
+    return (device_constant(dy, device, torch.long), device_constant(dx, device, torch.long),
+            device_constant(decay, device, torch.float32))
+
+
+class WindowKeys:
+    """The keys a :class:`WindowBias` touches, gathered per query.
+
+    Attributes:
+        index (Tensor): ``[bs, Q, L]`` long key indices (a valid key where
+            the slot is unused).
+        valid (Tensor): ``[bs, Q, L]`` bool, False for cells outside the grid
+            and for queries whose centre is invalid.
+        weight (Tensor): ``[bs, heads | 1, Q, L]`` float bias of each slot
+            (0 where not valid); differentiable w.r.t. the amplitudes.
+    """
+
+    def __init__(self, index: Tensor, valid: Tensor, weight: Tensor) -> None:
+        self.index, self.valid, self.weight = index, valid, weight
+
+
+class WindowBias(BiasPart):
+    """Linearly decaying square windows around per-query centres on key grids (the AQR local bias).
+
+    For each grid ``g`` and query ``q`` with ``valid[q]``, the key of cell
+    ``(plane, y, x)`` gets
+    ``amplitude[q] * max(0, 1 - d / (window_size / 2))`` when ``plane`` is the
+    centre's plane and ``|dy|, |dx| <= window_size // 2``, with ``d`` the
+    Euclidean distance in cells to the centre; every other key gets 0. Windows
+    are clipped at the grid borders. Grids must not overlap.
+
+    Args:
+        grids (KeyGrid | Sequence[KeyGrid]): the key grids.
+        centres (Tensor | Sequence[Tensor]): per grid ``[bs, Q, 3]`` integer
+            ``(plane, y, x)`` centre cell of every query.
+        valid (Tensor | Sequence[Tensor]): per grid ``[bs, Q]`` bool; an
+            invalid query (e.g. visible in no camera) gets no bias on that grid.
+        amplitude (Tensor | Sequence[Tensor]): per grid ``[bs, heads | 1, Q]``
+            float bias at the centre (differentiable). Must be finite: hard
+            masks belong in ``key_padding_mask`` or a :class:`DenseBias`.
+        window_size (int | Sequence[int]): odd side length, one for all grids
+            or one per grid.
+    """
+
+    is_window = True
+
+    def __init__(self,
+                 grids: Union[KeyGrid, Sequence[KeyGrid]],
+                 centres: Union[Tensor, Sequence[Tensor]],
+                 valid: Union[Tensor, Sequence[Tensor]],
+                 amplitude: Union[Tensor, Sequence[Tensor]],
+                 window_size: Union[int, Sequence[int]]) -> None:
+        single = isinstance(grids, KeyGrid)
+        self.grids = (grids, ) if single else tuple(grids)
+        self.centres = (centres, ) if single else tuple(centres)
+        self.valid = (valid, ) if single else tuple(valid)
+        self.amplitude = (amplitude, ) if single else tuple(amplitude)
+        if isinstance(window_size, (list, tuple)):
+            self.window_size = tuple(window_size)
+        else:
+            self.window_size = (window_size, ) * len(self.grids)
+        lengths = {len(self.grids), len(self.centres), len(self.valid), len(self.amplitude), len(self.window_size)}
+        if len(lengths) != 1 or not self.grids:
+            raise ValueError('WindowBias needs one centres / valid / amplitude / window_size entry per grid and at '
+                             f'least one grid; got {len(self.grids)} grids, {len(self.centres)} centres, '
+                             f'{len(self.valid)} valid, {len(self.amplitude)} amplitudes, '
+                             f'{len(self.window_size)} window sizes')
+        for grid in self.grids:
+            if not isinstance(grid, KeyGrid):
+                raise TypeError(f'WindowBias grids must be KeyGrid, got {type(grid).__name__}')
+        self.window_size = tuple(_to_int(ws, 'window_size', 1) for ws in self.window_size)
+        if any(ws % 2 == 0 for ws in self.window_size):
+            raise ValueError(f'window_size must be odd, got {self.window_size}')
+        self._check_shapes()
+        check_disjoint_grids(self.grids)
+
+    def _check_shapes(self) -> None:
+        sizes = None
+        heads = {1}
+        for i, (centres, valid, amplitude) in enumerate(zip(self.centres, self.valid, self.amplitude)):
+            _check_tensor(centres, f'WindowBias.centres[{i}]', 3, 'int')
+            _check_tensor(valid, f'WindowBias.valid[{i}]', 2, 'bool')
+            _check_tensor(amplitude, f'WindowBias.amplitude[{i}]', 3, 'float')
+            if centres.size(-1) != 3:
+                raise ValueError(f'WindowBias.centres[{i}] must be [bs, Q, 3] (plane, y, x), got '
+                                 f'{tuple(centres.shape)}')
+            bs_q = tuple(centres.shape[:2])
+            if tuple(valid.shape) != bs_q or (amplitude.size(0), amplitude.size(2)) != bs_q:
+                raise ValueError(f'WindowBias grid {i}: centres {tuple(centres.shape)}, valid {tuple(valid.shape)} '
+                                 f'and amplitude {tuple(amplitude.shape)} disagree on [bs, Q]')
+            if sizes is not None and bs_q != sizes:
+                raise ValueError(f'WindowBias grid {i} has [bs, Q] = {bs_q}, grid 0 has {sizes}')
+            sizes = bs_q
+            heads.add(amplitude.size(1))
+        if len(heads) > 2:
+            raise ValueError(f'WindowBias amplitudes have incompatible head counts {sorted(heads)}')
+        self.batch_size, self.num_queries = (int(s) for s in sizes)
+        self.num_heads = int(max(heads))
+
+    def check_keys(self, num_keys: int) -> None:
+        for grid in self.grids:
+            if grid.end > num_keys:
+                raise ValueError(f'WindowBias grid {grid} ends at key {grid.end}, the attention has {num_keys} keys')
+
+    def window_keys(self) -> WindowKeys:
+        """Gather, per query, the keys inside its windows on every grid (``L = sum of stencil sizes``)."""
+        indices, valids, weights = [], [], []
+        for grid, centres, valid, amplitude, window_size in zip(self.grids, self.centres, self.valid,
+                                                                 self.amplitude, self.window_size):
+            dy, dx, decay = window_stencil(window_size, centres.device)
+            radius = window_size // 2
+            steps = torch.arange(-radius, radius + 1, device=centres.device)
+            plane, y, x = centres.unbind(-1)
+            # in-grid tests per stencil row / column ([bs, Q, ws]), then picked per cell: few [bs, Q, L] passes
+            rows = y[..., None] + steps
+            cols = x[..., None] + steps
+            row_inside = (rows >= 0) & (rows < grid.height)
+            col_inside = (cols >= 0) & (cols < grid.width)
+            query_inside = valid & (plane >= 0) & (plane < grid.planes)
+            inside = row_inside[..., dy + radius] & col_inside[..., dx + radius] & query_inside[..., None]
+            centre_key = grid.offset + (plane * grid.height + y) * grid.width + x
+            index = centre_key[..., None] + (dy * grid.width + dx)
+            indices.append(torch.where(inside, index, grid.offset))
+            valids.append(inside)
+            weights.append(amplitude[..., None] * (decay.to(amplitude.dtype) * inside)[:, None])
+        heads = max(w.size(1) for w in weights)
+        weights = [w.expand(-1, heads, -1, -1) for w in weights]
+        if len(indices) == 1:
+            return WindowKeys(indices[0], valids[0], weights[0])
+        return WindowKeys(torch.cat(indices, -1), torch.cat(valids, -1), torch.cat(weights, -1))
+
+    def to_dense(self, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        self.check_keys(num_keys)
+        keys = self.window_keys()
+        bs, heads, num_queries, length = keys.weight.shape
+        dense = keys.weight.new_zeros(bs, heads, num_queries, num_keys)
+        dense = dense.scatter_add(-1, keys.index[:, None].expand(bs, heads, num_queries, length), keys.weight)
+        return dense.to(dtype)
+
+    def score_term(self, shape: Tuple[int, int, int, int], rows: Tensor) -> ScoreTerm:
+        """The decay of every grid's window from the query's centre cell and the key's cell (no gathered keys)."""
+        bs, heads = shape[:2]
+        grids = [(grid, centres.index_select(1, rows), valid.index_select(1, rows),
+                  amplitude.expand(bs, heads, -1).index_select(2, rows), window_size)
+                 for grid, centres, valid, amplitude, window_size in zip(self.grids, self.centres, self.valid,
+                                                                          self.amplitude, self.window_size)]
+
+        def term(b, h, q_idx, kv_idx):
+            total = 0.0
+            for grid, centres, valid, amplitude, window_size in grids:
+                local = kv_idx - grid.offset
+                cell = local % (grid.height * grid.width)
+                dy = cell // grid.width - centres[b, q_idx, 1]
+                dx = cell % grid.width - centres[b, q_idx, 2]
+                radius = window_size // 2
+                plane = local // (grid.height * grid.width)
+                hit = ((local >= 0) & (local < grid.num_cells) & (plane == centres[b, q_idx, 0])
+                       & (dy.abs() <= radius) & (dx.abs() <= radius) & valid[b, q_idx])
+                decay = torch.clamp(1.0 - torch.sqrt((dy * dy + dx * dx).float()) / (window_size / 2.0), min=0.0)
+                total = total + torch.where(hit, amplitude[b, h, q_idx] * decay, 0.0)
+            return total
+
+        return term
+
+    def select_queries(self, batch: int, queries: Tensor) -> 'WindowBias':
+        return WindowBias(self.grids, [c[batch:batch + 1, queries] for c in self.centres],
+                          [v[batch:batch + 1, queries] for v in self.valid],
+                          [a[batch:batch + 1, :, queries] for a in self.amplitude], self.window_size)
+
+    def restrict_keys(self, start: int, end: int) -> Optional['WindowBias']:
+        """The key grids inside the range, moved by ``-start``; a grid that straddles a range end raises
+        ValueError (a window cannot be cut)."""
+        kept = []
+        for index, grid in enumerate(self.grids):
+            if grid.offset >= start and grid.end <= end:
+                kept.append(index)
+            elif grid.offset < end and grid.end > start:
+                raise ValueError(f'key range [{start}, {end}) cuts the window grid {grid} of {self.describe()}')
+        if not kept:
+            return None
+        grids = [self.grids[i] for i in kept]
+        return WindowBias([KeyGrid(g.offset - start, g.planes, g.height, g.width) for g in grids],
+                          [self.centres[i] for i in kept], [self.valid[i] for i in kept],
+                          [self.amplitude[i] for i in kept], [self.window_size[i] for i in kept])
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> 'WindowBias':
+        return WindowBias(self.grids, [c.to(device) for c in self.centres], [v.to(device) for v in self.valid],
+                          [_float_to(a, device, dtype) for a in self.amplitude], self.window_size)
+
+    def tensors(self) -> Tuple[Tensor, ...]:
+        return self.centres + self.valid + self.amplitude
+
+    def describe(self) -> str:
+        grids = ', '.join(f'{g.planes}x{g.height}x{g.width}@{g.offset} ws={ws}'
+                          for g, ws in zip(self.grids, self.window_size))
+        return f'WindowBias(bs={self.batch_size}, heads={self.num_heads}, Q={self.num_queries}, grids=[{grids}])'
+
+
+def check_disjoint_grids(grids: Iterable[KeyGrid]) -> None:
+    """Raise ValueError if two key grids share keys."""
+    ordered = sorted(grids, key=lambda g: g.offset)
+    for left, right in zip(ordered[:-1], ordered[1:]):
+        if left.end > right.offset:
+            raise ValueError(f'key grids {left} and {right} overlap')

@@ -1,0 +1,31 @@
+"""apis/gpu_check.py and apis/training_check.py on the CPU: the tolerance floor, and the log values of a step read
+in one transfer."""
+import torch
+
+from projects.mmdet3d_plugin.apis import gpu_check
+from projects.mmdet3d_plugin.apis.training_check import log_values
+
+
+def test_tolerance_is_never_below_pytorchs_own_error(capsys, monkeypatch):
+    """A case within a multiple of bias-free SDPA's own error passes even where the dtype's tolerance is 0."""
+    monkeypatch.setitem(gpu_check.TOLERANCES, 'float32', (0.0, 0.0))
+    monkeypatch.setattr(gpu_check, 'FLOOR_FACTOR', 1e3)
+    options = gpu_check.GpuCheckOptions(device='cpu', layouts=['quick'], queries=12, dtypes=['float32'])
+    assert gpu_check.check_accuracy(options) == []
+    floor = gpu_check.error_floor('quick', options.queries, 'float32', 'cpu')
+    assert 0 < floor < 1e-5
+    assert '| quick | float32 | | PyTorch SDPA without bias (floor) | ' in capsys.readouterr().out
+
+
+def test_log_values_reads_tensors_and_numbers():
+    values = log_values(dict(loss_cls=torch.tensor(0.5), loss=torch.tensor([1.5]), segment_inexact_rows=3.0),
+                        torch.tensor(2.0))
+    assert values == dict(loss_cls=0.5, loss=1.5, segment_inexact_rows=3.0, grad_norm=2.0)
+    assert log_values(dict(loss=1.0), None) == dict(loss=1.0)
+
+
+def test_failure_summary_names_every_failure():
+    assert gpu_check.failure_summary([]) == ('\ncheck_gpu passed', 0)
+    text, status = gpu_check.failure_summary(['accuracy x: FAILED', 'training: step 0 failed: E'])
+    assert status == 1 and text.splitlines()[1:] == ['check_gpu FAILED (2 cases):', '  accuracy x: FAILED',
+                                                     '  training: step 0 failed: E']

@@ -1,0 +1,95 @@
+"""upgrade_head_config: upstream CMT's flat head options, the CMT -> CMT-AQR recipe and the registry aliases
+build CmtHead through one translation into its sub-configs."""
+import copy
+import logging
+
+import pytest
+import torch
+from mmdet.models.builder import build_head
+
+import projects.mmdet3d_plugin  # noqa: F401
+from projects.mmdet3d_plugin.models.dense_heads import CmtHead
+from projects.mmdet3d_plugin.models.dense_heads.head_config import GROUPS, upgrade_head_config
+from test_cmt_head import head_cfg
+
+AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
+           attention_bias_config=dict(type='AttentionBiasGenerator', window_size=3, bias_scale=2.0))
+UPSTREAM = dict(type='CmtHead', in_channels=512, hidden_dim=256, num_query=900, depth_num=64, downsample_scale=8,
+                norm_bbox=True, scalar=10, noise_scale=1.0, noise_trans=0.0, dn_weight=1.0, split=0.75,
+                common_heads=dict(center=(2, 2)), tasks=[dict(num_class=1, class_names=['car'])],
+                separate_head=dict(type='SeparateTaskHead', init_bias=-2.19, final_kernel=3),
+                transformer=dict(type='CmtTransformer'), bbox_coder=dict(type='MultiTaskBBoxCoder'),
+                loss_cls=dict(type='FocalLoss'), loss_bbox=dict(type='L1Loss'), loss_heatmap=None, init_cfg=None,
+                train_cfg=None, test_cfg=None)
+
+
+def test_upstream_flat_keys_are_grouped_into_the_sub_configs():
+    upgraded = upgrade_head_config(UPSTREAM)
+    assert set(upgraded) == {'type', 'in_channels', 'hidden_dim', 'num_query', 'depth_num', 'downsample_scale',
+                             'transformer', 'bbox_coder', 'train_cfg', 'test_cfg'} | set(GROUPS)
+    assert upgraded['type'] == 'CmtHead'
+    assert upgraded['denoising'] == dict(scalar=10, noise_scale=1.0, noise_trans=0.0, split=0.75, dn_weight=1.0)
+    assert upgraded['task_heads'] == dict(tasks=UPSTREAM['tasks'], common_heads=UPSTREAM['common_heads'],
+                                          separate_head=UPSTREAM['separate_head'])
+    assert upgraded['losses'] == dict(loss_cls=UPSTREAM['loss_cls'], loss_bbox=UPSTREAM['loss_bbox'])
+    assert upgraded['passes'] == dict(modalities=('lidar', 'camera'))
+    assert upgraded['routing'] == upgraded['camera_aids'] == {}
+    assert upgrade_head_config(upgraded) == upgraded, 'the grouped form is its own upgrade'
+    assert UPSTREAM['type'] == 'CmtHead' and 'scalar' in UPSTREAM, 'the given config is not changed'
+
+
+def test_the_aqr_recipe_and_the_options_of_this_repository_move_into_their_parts():
+    options = dict(modality_passes=('fused', 'camera'), pass_decoders='separate', lidar_free_pass='camera',
+                   image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True,
+                   camera_window_prior=dict(window_size=5, bias=4.0), fused_image_drop_prob=0.25)
+    upgraded = upgrade_head_config(dict(UPSTREAM, **AQR, **options))
+    assert upgraded['routing'] == AQR
+    assert upgraded['passes'] == dict(modalities=('lidar', 'camera'), modality_passes=('fused', 'camera'),
+                                      pass_decoders='separate', lidar_free_pass='camera')
+    assert upgraded['camera_aids'] == dict(image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True,
+                                           camera_window_prior=dict(window_size=5, bias=4.0),
+                                           fused_image_drop_prob=0.25)
+
+
+def test_the_registry_names_build_the_same_head_from_either_form():
+    torch.manual_seed(0)
+    flat = head_cfg(modality_passes=('fused', 'lidar'), **AQR)
+    grouped_cfg = upgrade_head_config(dict(type='CmtHead', modality_passes=('fused', 'lidar'), **AQR))
+    assert grouped_cfg['routing'] == AQR
+    lidar_only = head_cfg('CmtLidarHead', 'CmtLidarTransformer')
+    assert type(flat) is type(lidar_only) is CmtHead
+    by_passes = head_cfg(passes=dict(modalities=('lidar', )))
+    assert [(k, v.shape) for k, v in by_passes.state_dict().items()] == \
+        [(k, v.shape) for k, v in lidar_only.state_dict().items()], 'CmtLidarHead is CmtHead with BEV tokens only'
+    assert not hasattr(head_cfg('CmtImageHead', 'CmtImageTransformer'), 'shared_conv')
+
+
+def test_old_only_options_warn_or_raise_with_their_names(caplog):
+    with pytest.warns(UserWarning, match='loss_heatmap is accepted for upstream CMT configs'):
+        upgrade_head_config(dict(UPSTREAM, loss_heatmap=dict(type='GaussianFocalLoss')))
+    with caplog.at_level(logging.INFO, logger='mmdet'):
+        upgraded = upgrade_head_config(dict(UPSTREAM, enable_aqr=False, **AQR))
+    assert upgraded['routing'] == {} and 'enable_aqr=False, so aqr_config, attention_bias_config' in caplog.text
+    assert upgrade_head_config(dict(UPSTREAM, enable_aqr=True, **AQR))['routing'] == AQR
+    for options, message in (
+            (dict(norm_bbox=False), 'norm_bbox=False is not supported'),
+            (dict(init_cfg=dict(type='Kaiming')), 'init_cfg must be None'),
+            (dict(enable_aqr=True), 'enable_aqr=True needs aqr_config'),
+            (dict(enable_aqr='yes'), 'enable_aqr must be True, False or None'),
+            (dict(aqr_bias_strength=2.0), 'aqr_bias_strength .* use attention_bias_config'),
+            (dict(type='CmtRadarHead'), "unknown CMT head type 'CmtRadarHead'"),
+            (dict(scalar=5, denoising=dict(scalar=10)), 'scalar is given both flat and in denoising'),
+            (dict(type='CmtLidarHead', passes=dict(modalities=('camera', ))), 'contradicts it'),
+    ):
+        with pytest.raises(ValueError, match=message):
+            upgrade_head_config(dict(UPSTREAM, **options))
+
+
+def test_unknown_keys_reach_the_head_and_are_refused():
+    with pytest.raises(TypeError, match='not_an_option'):
+        head_cfg(not_an_option=1)
+    cfg = copy.deepcopy(UPSTREAM)
+    cfg.pop('norm_bbox')
+    assert 'norm_bbox' not in upgrade_head_config(cfg)
+    with pytest.raises(TypeError):
+        build_head(dict(type='CmtHead', in_channels=8, transformer=dict(), bbox_coder=dict(), unknown=1))
