@@ -181,7 +181,7 @@ def set_test_routing(model: nn.Module, routing: str) -> None:
     """Make the CMT-AQR head of ``model`` (bare or wrapped) route with ``routing`` at test time.
 
     ``'learned'``: the router's weights; ``'oracle'``: the input's truth
-    (``test_cfg['aqr_routing']``, see ``models/dense_heads/aqr_routing.py``).
+    (``test_cfg['aqr_routing']``, see ``models/dense_heads/query_router.py``).
     """
     if routing not in TEST_ROUTINGS:
         raise ValueError(f'routing must be one of {TEST_ROUTINGS}, got {routing!r}')

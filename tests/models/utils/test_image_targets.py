@@ -94,7 +94,7 @@ def test_gaussian_radius_equals_mmdet3d_per_box():
 def test_lifted_cell_centres_project_back_to_the_centres_at_their_depth():
     lidar2img = front_camera()
     depth = torch.rand(1, *FEAT_HW) * 20 + 1
-    points = lift_cell_centres(depth, torch.from_numpy(invert_lidar2img(lidar2img.numpy())), PAD_HW)
+    points = lift_cell_centres(depth, invert_lidar2img(lidar2img), PAD_HW)
     assert points.shape == (1, 4, 8, 3)
     torch.testing.assert_close(points[..., 0], depth)  # the camera looks along +x
     image_points, visible = project_to_views(points.reshape(1, -1, 3), lidar2img[None], PAD_HW)

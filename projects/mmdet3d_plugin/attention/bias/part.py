@@ -1,12 +1,9 @@
 """The interface every part of an :class:`~.attention_bias.AttentionBias` implements, and the checks they share."""
 import operator
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .low_rank import LowRankBias
 
 
 _SHAPE_NAMES = ('batch size', 'number of heads', 'number of queries')
@@ -75,7 +72,7 @@ class BiasPart:
         """The part as a tensor ``[bs | 1, heads | 1, Q | 1, num_keys]``."""
         raise NotImplementedError
 
-    def to_low_rank(self) -> 'LowRankBias':
+    def to_low_rank(self) -> 'BiasPart':
         """The same bias as a :class:`LowRankBias`; TypeError for a part without a low-rank form."""
         raise TypeError(f'{self.describe()} has no low-rank form')
 

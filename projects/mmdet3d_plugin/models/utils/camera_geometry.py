@@ -42,16 +42,17 @@ def stack_lidar2img(img_metas: Sequence[dict], device: torch.device = None) -> t
 def stack_img2lidar(img_metas: Sequence[dict], device: torch.device = None) -> torch.Tensor:
     """The inverses of :func:`stack_lidar2img`'s matrices, ``[bs, N, 4, 4]`` float32.
 
-    Inverted on the host, in float64, from the float32 matrices the device
-    gets: ``torch.linalg.inv`` on CUDA checks its result on the host, a
-    synchronisation per call.
+    Inverted on the host (CPU tensors), in float64, from the float32 matrices
+    the device gets: ``torch.linalg.inv`` on CUDA checks its result on the
+    host, a synchronisation per call.
     """
-    return host_to_device(invert_lidar2img(_lidar2img_matrices(img_metas)), device)
+    return host_to_device(invert_lidar2img(torch.from_numpy(_lidar2img_matrices(img_metas))), device)
 
 
-def invert_lidar2img(lidar2img: np.ndarray) -> np.ndarray:
-    """``img2lidar`` of ``[..., 4, 4]`` host matrices, inverted in float64 and returned in their dtype."""
-    return np.linalg.inv(lidar2img.astype(np.float64)).astype(lidar2img.dtype)
+def invert_lidar2img(lidar2img: torch.Tensor) -> torch.Tensor:
+    """``img2lidar`` of ``[..., 4, 4]`` matrices, inverted in float64 and returned in their dtype (call it on host
+    data: on CUDA the inversion waits for the device)."""
+    return torch.linalg.inv(lidar2img.double()).to(lidar2img.dtype)
 
 
 def pad_shape_hw(img_metas: Sequence[dict]) -> Tuple[float, float]:
