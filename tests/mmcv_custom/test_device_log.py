@@ -7,7 +7,7 @@ from mmcv.runner import LogBuffer
 from mmdet.models.detectors.base import BaseDetector
 
 from projects.mmdet3d_plugin.mmcv_custom.device_log import (DeviceLogBuffer, DeviceLogOptimizerHook,
-                                                            parse_losses_on_device)
+                                                            parse_losses_on_device, read_scalars)
 
 
 def _losses(weight):
@@ -69,3 +69,11 @@ def test_optimizer_hook_steps_and_logs_the_gradient_norm_for_its_buffer(buffer_t
     assert float(logged) == pytest.approx(400.0, rel=1e-5)  # 200 per weight and for the bias: sqrt(4) * 200
     step = (model.weight.detach() - before).norm()
     assert 0 < float(step) <= 0.1 + 1e-6, 'clipped to norm 1 before the step'
+
+
+def test_read_scalars_keeps_keys_and_order_and_reads_exact_float32_values():
+    values = {('b', 1): torch.tensor(0.1), 'a': torch.tensor([2.5]), 'c': torch.tensor(3, dtype=torch.int64)}
+    read = read_scalars(values)
+    assert list(read) == list(values) and all(isinstance(value, float) for value in read.values())
+    assert read == {('b', 1): float(torch.tensor(0.1)), 'a': 2.5, 'c': 3.0}
+    assert read_scalars({}) == {}

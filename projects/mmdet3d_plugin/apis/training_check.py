@@ -28,6 +28,7 @@ import torch
 from mmcv import Config
 from torch import Tensor, nn
 
+from ..mmcv_custom.device_log import read_scalars
 from .optimizer_step import OptimizerStep
 from .repo_paths import repo_path
 from .synthetic_batch import random_demo_batch
@@ -78,9 +79,7 @@ def log_values(log_vars: Dict[str, object], grad_norm: Optional[Tensor]) -> Dict
     if grad_norm is not None:
         tensors['grad_norm'] = grad_norm
     values = {name: float(value) for name, value in log_vars.items() if name not in tensors}
-    if tensors:
-        stacked = torch.stack([value.detach().float().reshape(()) for value in tensors.values()])
-        values.update(zip(tensors, stacked.tolist()))
+    values.update(read_scalars(tensors))
     return values
 
 

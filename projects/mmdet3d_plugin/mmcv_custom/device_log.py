@@ -17,7 +17,7 @@ run), and
   is mmcv's ``OptimizerHook`` logging the clipped gradient norm as a device
   tensor.
 """
-from typing import Dict, List, Tuple, Union
+from typing import Dict, Hashable, List, Mapping, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,18 @@ def parse_losses_on_device(losses: Dict[str, Union[Tensor, List[Tensor]]]) -> Tu
     return loss, dict(zip(log_vars, values.unbind()))
 
 
+def read_scalars(values: Mapping[Hashable, Tensor]) -> Dict[Hashable, float]:
+    """The 0-dim tensors of ``values`` as floats, same keys: one stacked transfer per device."""
+    by_device: Dict[torch.device, List[Hashable]] = {}
+    for key, value in values.items():
+        by_device.setdefault(value.device, []).append(key)
+    floats = {}
+    for keys in by_device.values():
+        stacked = torch.stack([values[key].detach().float().reshape(()) for key in keys]).tolist()
+        floats.update(zip(keys, stacked))
+    return {key: floats[key] for key in values}
+
+
 _CHECKED_LOG_NAMES = set()
 
 
@@ -99,15 +111,10 @@ class DeviceLogBuffer(LogBuffer):
         super().average(n)
 
     def read_device_values(self) -> None:
-        """Replace the buffered tensors by their values: one stacked copy per device."""
-        by_device: Dict[torch.device, List[Tuple[str, int]]] = {}
-        for key, index in self._on_device:
-            by_device.setdefault(self.val_history[key][index].device, []).append((key, index))
-        for entries in by_device.values():
-            values = torch.stack([self.val_history[key][index].detach().float().reshape(())
-                                  for key, index in entries]).tolist()
-            for (key, index), value in zip(entries, values):
-                self.val_history[key][index] = value
+        """Replace the buffered tensors by their values: one stacked copy per device (:func:`read_scalars`)."""
+        values = read_scalars({(key, index): self.val_history[key][index] for key, index in self._on_device})
+        for (key, index), value in values.items():
+            self.val_history[key][index] = value
         self._on_device = []
 
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention import pop_inexact_rows
-from ...mmcv_custom.device_log import parse_losses_on_device
+from ...mmcv_custom.device_log import parse_losses_on_device, read_scalars
 from ...utils.host_data import host_to_device, permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
 from ..utils.camera_blanking import FusedBlankViews, black_camera_images, blank_camera_views
@@ -80,7 +80,7 @@ class CmtDetector(MVXTwoStageDetector):
         (no host synchronisation), numbers otherwise."""
         loss, log_vars = parse_losses_on_device(losses)
         if not self.keep_log_vars_on_device:
-            log_vars = dict(zip(log_vars, torch.stack(list(log_vars.values())).tolist()))
+            log_vars = read_scalars(log_vars)
         return loss, log_vars
 
     def _warn_once(self, key: str, message: str) -> None:
