@@ -76,4 +76,6 @@ def test_read_scalars_keeps_keys_and_order_and_reads_exact_float32_values():
     read = read_scalars(values)
     assert list(read) == list(values) and all(isinstance(value, float) for value in read.values())
     assert read == {('b', 1): float(torch.tensor(0.1)), 'a': 2.5, 'c': 3.0}
+    counts = read_scalars({'num_samples': torch.tensor(3)})
+    assert counts == {'num_samples': 3.0} and isinstance(counts['num_samples'], float), 'integer counts log as floats'
     assert read_scalars({}) == {}
