@@ -111,7 +111,7 @@ model = dict(
     pts_voxel_encoder=dict(
         type='PillarFeatureNet', in_channels=5, feat_channels=[64], with_distance=False, voxel_size=voxel_size,
         point_cloud_range=point_cloud_range, norm_cfg=dict(type='BN1d', eps=1e-3, momentum=0.01)),
-    pts_middle_encoder=dict(type='PointPillarsScatter', in_channels=64, output_shape=grid_size[:2]),
+    pts_middle_encoder=dict(type='BatchPillarScatter', in_channels=64, output_shape=grid_size[:2]),
     pts_backbone=dict(
         type='SECOND', in_channels=64, out_channels=[64, 128], layer_nums=[2, 2], layer_strides=[2, 2],
         norm_cfg=dict(type='BN', eps=0.001, momentum=0.01), conv_cfg=dict(type='Conv2d', bias=False)),

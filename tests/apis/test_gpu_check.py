@@ -17,6 +17,19 @@ def test_tolerance_is_never_below_pytorchs_own_error(capsys, monkeypatch):
     assert '| quick | float32 | | PyTorch SDPA without bias (floor) | ' in capsys.readouterr().out
 
 
+def test_alpha_tolerance_is_never_below_float32_maths_own_error(capsys, monkeypatch):
+    """alpha's gradient sums every score: within a multiple of float32 math's own error it passes at tolerance 0,
+    and fails without the floor."""
+    monkeypatch.setitem(gpu_check.TOLERANCES, 'float32', (0.0, 0.0))
+    options = gpu_check.GpuCheckOptions(device='cpu', layouts=['quick'], queries=12, dtypes=['float32'])
+    monkeypatch.setattr(gpu_check, 'FLOOR_FACTOR', 1e3)
+    assert gpu_check.check_alpha_gradients(options) == []
+    out = capsys.readouterr().out
+    assert out.count('(float32 math: ') == 2 and 'FAILED' not in out
+    monkeypatch.setattr(gpu_check, 'FLOOR_FACTOR', 0.0)
+    assert len(gpu_check.check_alpha_gradients(options)) == 2
+
+
 def test_log_values_reads_tensors_and_numbers():
     values = log_values(dict(loss_cls=torch.tensor(0.5), loss=torch.tensor([1.5]), segment_inexact_rows=3.0),
                         torch.tensor(2.0))

@@ -173,3 +173,15 @@ def test_dropout_is_applied(cases, backend):
     plain = apply_attention(q, k, v, bias, backend=backend)
     dropped = apply_attention(q, k, v, bias, backend=backend, dropout_p=0.5)
     assert torch.isfinite(dropped).all() and not torch.allclose(plain, dropped)
+
+
+
+def test_math_computes_float64_inputs_in_float64():
+    """``math`` is check_gpu's float64 yardstick: float64 inputs must not pass through float32 (whose rounding,
+    ~1e-7 here, is what the backends checked against it may err)."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=generator, dtype=torch.float64) for n in (5, 40, 40))
+    expected = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v
+    out = apply_attention(q, k, v, None, backend='math')
+    assert out.dtype == torch.float64
+    assert (out - expected).abs().max() < 1e-13

@@ -1,6 +1,9 @@
 """tools/check_gpu.py in its CPU mode (tiny shapes): passes, names the failing case when a check fails, and reports
 a training step that raises (traceback, summary, exit status) instead of crashing."""
+import torch
+
 from projects.mmdet3d_plugin.apis import gpu_check, training_check
+from projects.mmdet3d_plugin.utils.host_data import permitted_host_sync
 from tools import check_gpu
 
 QUICK = ['--device', 'cpu', '--steps', '3', '--repeats', '1']
@@ -52,3 +55,24 @@ def test_a_check_that_raises_is_reported_and_the_others_still_run(capsys, monkey
     assert 'alpha gradient check raised:\nTraceback (most recent call last)' in out
     assert 'demo model training: 1 iterations' in out  # the training check ran after it
     assert out.rstrip().endswith('alpha gradient: ValueError: the alpha check broke')
+
+
+def test_an_op_that_would_wait_on_cuda_fails_the_cpu_training_check(capsys, monkeypatch):
+    """A boolean-mask index in the forward (its backward runs nonzero: a host sync on CUDA) fails the CPU check,
+    which names the op and the forward line that made it."""
+    from projects.mmdet3d_plugin.models.middle_encoders import BatchPillarScatter
+
+    scatter = BatchPillarScatter.forward
+
+    def forward_with_mask(self, voxel_features, coors, batch_size=None):
+        keep = voxel_features.new_ones(len(voxel_features), dtype=torch.bool)
+        with permitted_host_sync():  # the forward may wait; its backward runs outside the region
+            voxel_features, coors = voxel_features[keep], coors[keep]
+        return scatter(self, voxel_features, coors, batch_size)
+
+    monkeypatch.setattr(BatchPillarScatter, 'forward', forward_with_mask)
+    assert check_gpu.main(QUICK + ['--dtypes', 'float32', '--skip-benchmark', '--steps', '1']) == 1
+    out = capsys.readouterr().out
+    assert 'SyncingOpsError: 1 ops that wait for the device on CUDA ran outside permitted_host_sync' in out
+    assert 'aten.index_put.default [boolean index] at File' in out and 'in forward_with_mask' in out
+    assert 'training: step 0: 1 ops that wait for the device on CUDA' in out.split('check_gpu FAILED', 1)[1]

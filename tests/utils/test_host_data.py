@@ -1,10 +1,11 @@
-"""Host data on a device without a synchronisation: the cached constants, the copies and their counter."""
+"""Host data on a device without a synchronisation: the cached constants, the copies and their counter, the recorder
+of ops that would wait on CUDA."""
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from projects.mmdet3d_plugin.utils.host_data import (HostCopyCounter, device_constant, host_to_device,
-                                                    permitted_host_sync)
+from projects.mmdet3d_plugin.utils.host_data import (HostCopyCounter, SyncingOpRecorder, device_constant,
+                                                    host_to_device, permitted_host_sync)
 
 
 def test_device_constant_is_made_once_per_values_dtype_and_device():
@@ -49,3 +50,25 @@ def test_the_counter_sees_blocking_host_copies_and_not_the_asynchronous_ones():
 def test_permitted_host_sync_without_cuda_does_nothing():
     with permitted_host_sync():
         assert torch.ones(2).sum().item() == 2.0
+
+
+def test_syncing_op_recorder_records_what_waits_on_cuda_outside_permitted_regions():
+    x = torch.randn(5, 3, requires_grad=True)
+    selected = x[x[:, 0] > -10]  # boolean index: its backward runs nonzero
+    with SyncingOpRecorder() as recorder:
+        selected.sum().backward()
+        x.sum().item()
+        torch.repeat_interleave(torch.tensor([1, 2]))
+        torch.repeat_interleave(x, 2, dim=0)  # a number of repeats: no count to read
+        x[torch.tensor([0, 2])].sum()  # integer index
+        with permitted_host_sync():
+            x.sum().item()
+    assert [op.split(' at ')[0] for op in recorder.ops] == [
+        'aten.index_put.default [boolean index]', 'aten._local_scalar_dense.default', 'aten.repeat_interleave.Tensor']
+    assert all(__file__ in op or 'IndexBackward0' in op for op in recorder.ops)
+
+
+def test_syncing_op_recorder_counts_only_its_device():
+    with SyncingOpRecorder('cuda') as recorder:
+        torch.ones(3).sum().item()  # a host tensor: no wait on CUDA
+    assert recorder.ops == []

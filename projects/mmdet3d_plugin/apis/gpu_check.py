@@ -19,7 +19,8 @@ run; :func:`failure_summary` names every failure:
 2. **alpha** (:func:`check_alpha_gradients`). ``AttentionBiasGenerator``
    (global and local bias) builds the bias from random AQR weights and
    projections; the gradient of its learned ``alpha`` through ``auto``
-   attention against float64 ``math``.
+   attention against float64 ``math``, with the same kind of floor: twice
+   the error of float32 ``math``.
 3. **Training** (:func:`.training_check.check_training`): the demo model's
    real training iteration, on CUDA with every host synchronisation outside the
    permitted regions an error.
@@ -182,7 +183,15 @@ def check_accuracy(options: GpuCheckOptions) -> List[str]:
 
 
 def check_alpha_gradients(options: GpuCheckOptions) -> List[str]:
-    """The gradient of ``AttentionBiasGenerator``'s ``alpha`` through ``auto`` vs float64 ``math``, per bias kind."""
+    """The gradient of ``AttentionBiasGenerator``'s ``alpha`` through ``auto`` vs float64 ``math``, per bias kind.
+
+    ``alpha``'s gradient is one number summed over every query, head and key
+    (bs x heads x Q x K terms: 3.2e8 at R50): its float32 rounding alone can
+    reach the specification's 1e-5 (seen on an H200: 2.2e-6, 1.0e-5 and
+    2.8e-6 in three runs of the same check). As in :func:`check_accuracy`,
+    the tolerance is the specification's or :data:`FLOOR_FACTOR` times
+    PyTorch's own error on the same sum: float32 ``math`` against float64.
+    """
     failures = []
     layout = options.layouts[0]
     (bev_h, bev_w), (views, cam_h, cam_w) = KEY_LAYOUTS[layout]
@@ -202,7 +211,8 @@ def check_alpha_gradients(options: GpuCheckOptions) -> List[str]:
         qkv = [torch.randn(bs, heads, n, head_dim, generator=generator) for n in (num_queries, num_keys, num_keys)]
         grad_out = torch.randn(bs, heads, num_queries, head_dim, generator=generator)
         grads = {}
-        for name, dtype, backend in (('auto', torch.float32, 'auto'), ('math', torch.float64, 'math')):
+        for name, dtype, backend in (('auto', torch.float32, 'auto'), ('math float32', torch.float32, 'math'),
+                                     ('math', torch.float64, 'math')):
             bias_generator = AttentionBiasGenerator(window_size=case['window_size'], bias_scale=2.0,
                                                     use_local_bias=local).to(options.device, dtype)
             bias = bias_generator(*(w.to(options.device, dtype) for w in weights),
@@ -211,9 +221,11 @@ def check_alpha_gradients(options: GpuCheckOptions) -> List[str]:
             out = apply_attention(*(t.to(options.device, dtype) for t in qkv), bias, backend=backend)
             grads[name] = torch.autograd.grad(out, bias_generator.bias_scale, grad_out.to(options.device, dtype))[0]
         error = _relative_error(grads['auto'], grads['math'])
+        floor = _relative_error(grads['math float32'], grads['math'])
         kind = 'local' if local else 'global'
-        ok = error <= TOLERANCES['float32'][1]
-        print(f'alpha gradient, {kind} bias, float32 auto vs float64 math: relative error {error:.1e} '
+        ok = error <= max(TOLERANCES['float32'][1], FLOOR_FACTOR * floor)
+        print(f'alpha gradient, {kind} bias, float32 auto vs float64 math: relative error {error:.1e} (float32 '
+              f'math: {floor:.1e}; tolerance max({TOLERANCES["float32"][1]:.0e}, {FLOOR_FACTOR} x {floor:.1e})) '
               f'{"ok" if ok else "FAILED"}')
         if not ok:
             failures.append(f'alpha gradient {kind}: relative error {error:.1e}')

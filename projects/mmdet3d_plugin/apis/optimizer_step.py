@@ -45,11 +45,19 @@ class OptimizerStep:
             return None
         return clip_grad_norm_(params, **self.grad_clip)
 
-    def __call__(self, loss: Tensor) -> Optional[Tensor]:
-        """``OptimizerHook.after_train_iter``: zero the gradients, backward ``loss``, clip, step; the gradient
-        norm (see :meth:`clip_grads`)."""
+    def backward(self, loss: Tensor) -> None:
+        """The first half of :meth:`__call__`: zero the gradients, backward ``loss``."""
         self.optimizer.zero_grad()
         loss.backward()
+
+    def step(self) -> Optional[Tensor]:
+        """The second half of :meth:`__call__`: clip, step; the gradient norm (see :meth:`clip_grads`)."""
         grad_norm = self.clip_grads()
         self.optimizer.step()
         return grad_norm
+
+    def __call__(self, loss: Tensor) -> Optional[Tensor]:
+        """``OptimizerHook.after_train_iter``: zero the gradients, backward ``loss``, clip, step; the gradient
+        norm (see :meth:`clip_grads`)."""
+        self.backward(loss)
+        return self.step()

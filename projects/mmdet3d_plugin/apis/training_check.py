@@ -10,12 +10,15 @@ queries, changes every step. On CUDA the whole iteration runs under
 ``torch.cuda.set_sync_debug_mode('error')``: every host synchronisation
 raises, except inside the regions that must wait (``permitted_host_sync``:
 voxelization, whose sizes are data, and the loss's Hungarian matching on the
-host). The log variables are read once per step, outside that region, in one
-transfer (:func:`log_values`).
+host), and on every device the forward and backward must run no op that would
+wait on CUDA (:func:`run_train_step`: the CPU test of the same rule). The log
+variables are read once per step, outside that region, in one transfer
+(:func:`log_values`).
 
 Each step that raises is reported with its traceback (for a synchronisation,
-the traceback shows where it is) and recorded as a failure; the other steps
-still run. The check also fails on a non-finite loss, on anything compiled
+the traceback shows where it is; for one in a backward, anomaly detection's
+trace of the forward line that made the node follows) and recorded as a
+failure; the other steps still run. The check also fails on a non-finite loss, on anything compiled
 (``auto`` never runs a compiled path) and on flex_attention run eagerly.
 """
 import contextlib
@@ -29,6 +32,7 @@ from mmcv import Config
 from torch import Tensor, nn
 
 from ..mmcv_custom.device_log import read_scalars
+from ..utils.host_data import SyncingOpRecorder
 from .optimizer_step import OptimizerStep
 from .repo_paths import repo_path
 from .synthetic_batch import random_demo_batch
@@ -83,19 +87,45 @@ def log_values(log_vars: Dict[str, object], grad_norm: Optional[Tensor]) -> Dict
     return values
 
 
+class SyncingOpsError(RuntimeError):
+    """The forward or backward of a training step ran ops that make the host wait on CUDA."""
+
+
 def run_train_step(model: nn.Module, update: OptimizerStep, batch: dict, device: str) -> Dict[str, float]:
-    """One training iteration as mmcv's runner and ``OptimizerHook`` run it, host syncs errors on CUDA; its log
-    values (:func:`log_values`, read after the iteration)."""
-    with host_syncs_are_errors(device):
-        outputs = model.train_step(batch, None)
-        grad_norm = update(outputs['loss'])
+    """One training iteration as mmcv's runner and ``OptimizerHook`` run it; its log values (:func:`log_values`,
+    read after the iteration).
+
+    On CUDA every host synchronisation outside ``permitted_host_sync`` raises
+    (sync-debug mode); on any device, the forward and the backward run under
+    :class:`SyncingOpRecorder`, and :class:`SyncingOpsError` lists the ops it
+    saw: on the CPU (CI) this is what catches a syncing op before a GPU
+    does. (The optimizer step is left to the sync-debug mode: AdamW reads its
+    step counts, host tensors on CUDA, with ``.item()``.) Anomaly detection
+    (without its NaN checks, which would wait) gives each op of the backward
+    the forward line that made it.
+    """
+    with host_syncs_are_errors(device), torch.autograd.set_detect_anomaly(True, check_nan=False):
+        with SyncingOpRecorder(device) as recorder:
+            outputs = model.train_step(batch, None)
+            update.backward(outputs['loss'])
+        if recorder.ops:
+            raise SyncingOpsError(f'{len(recorder.ops)} ops that wait for the device on CUDA ran outside '
+                                  'permitted_host_sync:\n  ' + '\n  '.join(sorted(set(recorder.ops))))
+        grad_norm = update.step()
     return log_values(outputs['log_vars'], grad_norm)
 
 
 def _describe(step: int, error: BaseException) -> str:
     if 'synchroniz' in str(error):
         return f'training: a host synchronisation outside the permitted regions (step {step}): {error}'
+    if isinstance(error, SyncingOpsError):
+        return f'training: step {step}: {str(error).splitlines()[0]}'
     return f'training: step {step} failed: {type(error).__name__}: {error}'
+
+
+def _forward_traces(caught: List[warnings.WarningMessage]) -> str:
+    """The forward traces anomaly detection reported (a backward that raised: the line that made its node)."""
+    return ''.join(f'\n{warning.message}' for warning in caught if 'Traceback of forward call' in str(warning.message))
 
 
 def check_training(device: str, steps: int) -> List[str]:
@@ -113,10 +143,12 @@ def check_training(device: str, steps: int) -> List[str]:
             num_boxes = step_box_counts(step)
             box_counts.append(max(num_boxes))
             batch = random_demo_batch(cfg, num_boxes, device, generator)
+            recorded = len(caught)
             try:
                 values = run_train_step(model, update, batch, device)
             except Exception as error:  # this step fails; the others still run
-                print(f'training step {step} raised:\n{traceback.format_exc()}', flush=True)
+                print(f'training step {step} raised:\n{traceback.format_exc()}{_forward_traces(caught[recorded:])}',
+                      flush=True)
                 failures.append(_describe(step, error))
                 continue
             losses.append(values['loss'])
@@ -129,7 +161,8 @@ def check_training(device: str, steps: int) -> List[str]:
     print(f'demo model training: {steps} iterations{failed}, ground-truth boxes per batch {sorted(set(box_counts))} '
           f'(DN query count changes), loss {loss}, {graphs} compiled graphs, '
           f'{len(eager_flex)} eager-flex warnings, {inexact_rows:.0f} attention rows left inexact by segment\'s '
-          f'recomputation budget, host synchronisations {"errors" if device == "cuda" else "not checked (CPU)"}')
+          f'recomputation budget, ops that would wait on CUDA errors'
+          f'{" (and every host synchronisation)" if device == "cuda" else ""}')
     if not all(torch.isfinite(torch.tensor(losses))):
         failures.append(f'training: non-finite loss {losses}')
     if not losses and not failures:

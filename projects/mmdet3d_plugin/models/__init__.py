@@ -1,2 +1,2 @@
-"""Registered model components: detectors, heads, transformer, AQR, backbones, necks."""
-from . import aqr, backbones, dense_heads, detectors, necks, utils  # noqa: F401
+"""Registered model components: detectors, heads, transformer, AQR, backbones, necks, middle encoders."""
+from . import aqr, backbones, dense_heads, detectors, middle_encoders, necks, utils  # noqa: F401

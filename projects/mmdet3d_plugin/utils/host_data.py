@@ -17,16 +17,20 @@ only through two functions:
 device (the Hungarian matching runs on the host), so that
 ``torch.cuda.set_sync_debug_mode('error')`` (``tools/check_gpu.py``) accepts
 them and catches every other synchronisation. :class:`HostCopyCounter`
-counts blocking host-to-device copies on fake CUDA, where a GPU is absent.
+counts blocking host-to-device copies on fake CUDA, where a GPU is absent;
+:class:`SyncingOpRecorder` records, on any device, the ops that make the host
+wait when they run on CUDA (a backward that indexes with a boolean mask, say).
 """
 import contextlib
 import threading
+import traceback
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 _CONSTANTS: Dict[Tuple, Tensor] = {}
 _CONSTANTS_LOCK = threading.Lock()
@@ -102,22 +106,30 @@ def _freeze(values):
     return values
 
 
+_PERMITTED = threading.local()
+
+
 @contextlib.contextmanager
 def permitted_host_sync() -> Iterator[None]:
     """Allow a deliberate host synchronisation under ``torch.cuda.set_sync_debug_mode``.
 
     Inside the block the sync-debug mode is off; it is restored afterwards.
-    Without CUDA, or with the mode already off, this does nothing.
+    :class:`SyncingOpRecorder` does not record the ops run inside it, on any
+    device.
     """
+    _PERMITTED.depth = getattr(_PERMITTED, 'depth', 0) + 1
     mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
-    if mode == 0:
-        yield
-        return
-    torch.cuda.set_sync_debug_mode(0)
     try:
-        yield
+        if mode == 0:
+            yield
+            return
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
     finally:
-        torch.cuda.set_sync_debug_mode(mode)
+        _PERMITTED.depth -= 1
 
 
 class HostCopyCounter(TorchDispatchMode):
@@ -149,3 +161,65 @@ class HostCopyCounter(TorchDispatchMode):
             if source.device.type == 'cpu' and target.device.type != 'cpu' and not non_blocking:
                 self.copies.append(f'{func}: {tuple(source.shape)} -> {target.device}')
         return func(*args, **kwargs)
+
+
+#: ops whose CUDA kernels copy a result the host needs (a count, a scalar) back before they return
+_SYNCING_OPS = frozenset([
+    'aten::nonzero', 'aten::_local_scalar_dense', 'aten::is_nonzero', 'aten::masked_select', 'aten::_unique2',
+    'aten::unique_dim', 'aten::unique_consecutive', 'aten::bincount', 'aten::equal'])
+#: ops that sync on CUDA only when an index is a boolean mask (it is turned into integer indices by ``nonzero``)
+_BOOL_INDEX_OPS = frozenset(['aten::index', 'aten::index_put', 'aten::index_put_', 'aten::_index_put_impl_'])
+
+
+class SyncingOpRecorder(TorchDispatchMode):
+    """Record every op dispatched inside the mode that synchronises with the host when it runs on CUDA.
+
+    Such ops run silently on the CPU; on a GPU each one makes the host wait
+    for the device. Recorded: ``nonzero``, ``.item()`` (``_local_scalar_dense``),
+    ``masked_select``, ``unique``, ``bincount``, ``equal``, ``repeat_interleave``
+    without ``output_size``, and indexing (or index assignment) with a boolean
+    mask, on any device, outside :func:`permitted_host_sync` blocks (the
+    backward of an op run inside such a block runs outside it).
+
+    Args:
+        device (str): the device type whose ops count (default ``'cpu'``: on a CPU run, every op; on a CUDA
+            run pass ``'cuda'``, so that a read of a host tensor, which does not wait, is not recorded).
+
+    Attributes:
+        ops (list[str]): one line per recorded op: its name, ``[boolean index]`` where that is why, and where it
+            ran: the innermost Python frame outside torch, or for an op of a backward the forward line that
+            made its graph node (under ``torch.autograd.set_detect_anomaly``; else the backward call's).
+    """
+
+    def __init__(self, device: str = 'cpu') -> None:
+        super().__init__()
+        self.device_type = torch.device(device).type
+        self.ops: List[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if getattr(_PERMITTED, 'depth', 0) or not any(
+                isinstance(t, Tensor) and t.device.type == self.device_type for t in tree_flatten((args, kwargs))[0]):
+            pass
+        elif name in _SYNCING_OPS or (name == 'aten::repeat_interleave' and kwargs.get('output_size') is None
+                                      and isinstance(args[0 if func._overloadname == 'Tensor' else 1], Tensor)):
+            self.ops.append(f'{func} at {_caller()}')
+        elif name in _BOOL_INDEX_OPS and any(index is not None and index.dtype == torch.bool
+                                             for index in args[1]):
+            self.ops.append(f'{func} [boolean index] at {_caller()}')
+        return func(*args, **kwargs)
+
+
+def _caller() -> str:
+    """``file:line`` of the code that ran the current op: the forward line of the autograd node being run (anomaly
+    mode), else the innermost frame outside torch and this module."""
+    node = torch._C._current_autograd_node()
+    stack = node.metadata.get('traceback_') if node is not None else None
+    if stack:
+        frames = [line.strip() for line in ''.join(stack).splitlines() if line.strip().startswith('File ')]
+        return f'{frames[-1]} (forward of {node.name()})' if frames else node.name()
+    for frame in reversed(traceback.extract_stack()):
+        if '/torch/' not in frame.filename and frame.filename != __file__:
+            return f'{frame.filename}:{frame.lineno}'
+    return 'unknown'

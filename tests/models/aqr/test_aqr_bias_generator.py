@@ -154,3 +154,13 @@ def test_bad_inputs_raise_clear_errors():
         generator(torch.rand(1, 2), torch.rand(1, 2), info, BEV_SHAPE, CAMERA_SHAPE)
     with pytest.raises(ValueError, match='odd'):
         AttentionBiasGenerator(window_size=4)
+
+
+def test_a_float64_generator_builds_its_bias_in_float64():
+    """check_gpu's float64 reference of alpha's gradient: no float32 rounding inside a float64 generator."""
+    generator = AttentionBiasGenerator(bias_scale=1.0 / 3.0).double()
+    weights = torch.full((1, 4), 0.3, dtype=torch.float64)
+    bias = generator.modality_biases(weights, weights)
+    assert bias.dtype == torch.float64
+    expected = weights_to_bias(weights[..., None].expand(1, 4, 2), generator.bias_scale.detach())
+    assert torch.allclose(bias, expected[None, :, None], rtol=0, atol=1e-15)

@@ -1,4 +1,4 @@
-"""``math``: the fp32 reference, ``softmax(q k^T * scale + B) v`` with the dense bias.
+"""``math``: the reference, ``softmax(q k^T * scale + B) v`` with the dense bias, in fp32 (fp64 for fp64 inputs).
 
 Materialises the ``[bs, heads, Q, K]`` scores: for tests, small inputs and as
 the numerical yardstick of every other backend. Applies anything (dense or
@@ -16,7 +16,7 @@ from .base import AttentionBackend, AttentionCall, dense_additive_bias
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float,
                         dropout_p: float = 0.0) -> Tensor:
-    """Attention in fp32 with a safe softmax.
+    """Attention in fp32 (in fp64 when ``q`` is fp64: the yardstick of ``tools/check_gpu.py``) with a safe softmax.
 
     Args:
         q (Tensor): ``[bs, heads, Q, d]``.
@@ -28,13 +28,14 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
         dropout_p (float): dropout on the probabilities.
 
     Returns:
-        Tensor: ``[bs, heads, Q, d]`` float32 (also under autocast); 0 for rows
-        with every key blocked.
+        Tensor: ``[bs, heads, Q, d]`` float32, or float64 for float64 ``q`` (also
+        under autocast); 0 for rows with every key blocked.
     """
+    dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
         if bias is not None:
-            scores = scores + bias.float()
+            scores = scores + bias.to(dtype)
         row_max = scores.detach().amax(-1, keepdim=True)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         weights = torch.exp(scores - row_max)
@@ -42,11 +43,11 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
         probs = weights / torch.where(total > 0, total, torch.ones_like(total))
         if dropout_p > 0:
             probs = F.dropout(probs, p=dropout_p)
-        return torch.matmul(probs, v.float())
+        return torch.matmul(probs, v.to(dtype))
 
 
 class MathBackend(AttentionBackend):
-    """The fp32 reference backend; runs every call."""
+    """The reference backend (fp32, fp64 for fp64 inputs); runs every call."""
 
     name = 'math'
 
@@ -54,6 +55,6 @@ class MathBackend(AttentionBackend):
         return []
 
     def forward(self, call: AttentionCall) -> Tensor:
-        bias = dense_additive_bias(call.bias, call.key_padding_mask, torch.float32)
+        bias = dense_additive_bias(call.bias, call.key_padding_mask, torch.promote_types(call.q.dtype, torch.float32))
         out = reference_attention(call.q, call.k, call.v, bias, call.scale, call.dropout_p)
         return out.to(call.q.dtype)

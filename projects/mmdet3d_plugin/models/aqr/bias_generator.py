@@ -211,14 +211,15 @@ class AttentionBiasGenerator(BaseModule):
             with ``per_layer`` else 1, ``heads`` = ``num_heads`` with
             ``per_head`` else 1); last dim ``(lidar, camera)``.
         """
-        weights = torch.stack([lidar_weights, camera_weights], dim=-1).float()  # [bs, Q, 2]
+        dtype = torch.promote_types(self.bias_scale.dtype, torch.float32)  # float32; float64 for a float64 module
+        weights = torch.stack([lidar_weights, camera_weights], dim=-1).to(dtype)  # [bs, Q, 2]
         if self.mapping is not None:
             unscaled = torch.stack([mlp(weights[..., i]) for i, mlp in enumerate(self.mapping)], dim=-1)
         else:
             unscaled = weights_to_bias(weights, 1.0)
-        scale = self.bias_scale.float().view(-1, 1, 1, 1, 1)  # [layers, 1, 1, 1, 1]
+        scale = self.bias_scale.to(dtype).view(-1, 1, 1, 1, 1)  # [layers, 1, 1, 1, 1]
         if self.per_head:
-            scale = scale * self.head_scale.float().view(1, 1, -1, 1, 1)
+            scale = scale * self.head_scale.to(dtype).view(1, 1, -1, 1, 1)
         return unscaled[None, :, None] * scale
 
     def forward(self,

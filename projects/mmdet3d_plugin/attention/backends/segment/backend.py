@@ -41,7 +41,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ....utils.host_data import device_constant
+from ....utils.host_data import device_constant, permitted_host_sync
 from ...bias import SegmentBias, WindowBias
 from ..base import AttentionBackend, AttentionCall
 from .exact_rows import budget_of, recompute_rows
@@ -298,7 +298,9 @@ def _recompute_cancelled_rows(call: AttentionCall, out: Tensor, retained: Tensor
         tolerance (float): the flagging threshold.
     """
     if call.device_type == 'cpu':
-        return recompute_rows(call, out, retained, tolerance, int((retained < tolerance).sum(-1).max()))[0]
+        with permitted_host_sync():  # free on the CPU
+            rows = int((retained < tolerance).sum(-1).max())
+        return recompute_rows(call, out, retained, tolerance, rows)[0]
     budget = budget_of(out.device)
     rows = budget.budget(retained.size(-1), out.size(1), call.k.size(2))
     out, overflow = recompute_rows(call, out, retained, tolerance, rows)
