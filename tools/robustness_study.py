@@ -1,14 +1,15 @@
-"""Does routing pay under sensor failures? Six arms, three seeds, one command (issue 22).
+"""Does routing pay under sensor failures? Seven arms, three seeds, one command (issues 22, 38).
 
     python tools/robustness_study.py [--quick] [--seeds 0 1 2] [--work-dir work_dirs/study] [--out docs/robustness]
     make study [STUDY_ARGS="--shared-stage1"]     # study.md states the wall time its run took
 
-Arms (``projects/mmdet3d_plugin/apis/study_arms.py``): stage 1 (CMT with a
-fixed AQR window bias, ModalMask3D modality drop), the control (stage 1
-trained further), a global gate (one weight pair per sample, MoME's label),
-CMT-AQR (router through the detection loss), CMT-AQR with per-query routing
-targets and train-time corruptions, and the oracle (stage 1 with the input's
-truth as routing). Each evaluated clean and under every corruption of
+Arms (``projects/mmdet3d_plugin/apis/study_arms.py``), all on ``make demo``'s
+camera-pass detector but the camera-only model: a LiDAR-only and a camera-only
+model (the same data and schedule), stage 1 (the detector with AQR's window
+bias fixed: routing off), the control (stage 1 trained further), a global gate
+(one weight pair per sample, MoME's label), CMT-AQR (per-query router with
+per-query routing targets and train-time corruptions) and the oracle (stage 1
+with the input's truth as routing). Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
 (``apis/study_metrics.py``); ``study.md`` / ``study.json`` / the chart
@@ -45,10 +46,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         '(default 4; --quick: 1)')
     parser.add_argument('--shared-stage1', action='store_true', help='train stage 1 once (first seed) and start '
                         'every seed\'s stage 2 from it (the spread then covers stage 2 only)')
-    parser.add_argument('--image-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
-                        'sample loses its images (upstream CMT: 0.25)')
-    parser.add_argument('--lidar-drop', type=float, default=0.25, help='ModalMask3D: probability that a training '
-                        'sample loses its points instead (upstream CMT: 0.25)')
+    parser.add_argument('--image-drop', type=float, default=0.0, help='ModalMask3D: probability that a training '
+                        'sample loses its images (default 0: make demo\'s recipe; upstream CMT: 0.25)')
+    parser.add_argument('--lidar-drop', type=float, default=0.0, help='ModalMask3D: probability that a training '
+                        'sample loses its points instead (default 0: make demo\'s recipe, whose frames without '
+                        'points go to the camera pass; upstream CMT: 0.25)')
     parser.add_argument('--corruptions', nargs='+', help="default: tools/eval_robustness.py's list")
     parser.add_argument('--score-thr', dest='score_threshold', type=float, default=SCORE_THRESHOLD,
                         help='object metrics: lowest score of '

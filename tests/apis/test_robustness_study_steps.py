@@ -18,13 +18,17 @@ class FakeTools:
 
     def __init__(self, root, data_root):
         self.root, self.data_root = root, data_root
-        self.commands, self.claims = [], []
+        self.commands, self.claims, self.processes = [], [], []
 
     def prepare_data(self):
         os.makedirs(self.data_root, exist_ok=True)
 
     def claim_work_dir(self, work_dir, cfg, seed):
         self.claims.append((work_dir, seed, cfg.runner.max_epochs, cfg.load_from))
+
+    def train(self, arguments, processes):
+        self.processes.append(processes)
+        self.run(['tools/train.py'] + arguments)
 
     def run(self, command):
         self.commands.append(command)
@@ -69,20 +73,26 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     summary = study.run()
     work = str(tmp_path / 'work')
     trained = [c for c in tools.commands if c[0] == 'tools/train.py']
-    # stage 1 of each seed, then the four stage-2 arms of each seed from their seed's stage 1
+    # the single-sensor models and stage 1 of each seed from scratch, then the three stage-2 arms of each seed from
+    # their seed's stage 1
     assert [c[c.index('--work-dir') + 1] for c in trained] == [
         f'{work}/seed{seed}/{name}' for seed in (0, 1)
-        for name in ('stage1', 'control', 'global_gate', 'aqr', 'aqr_targets')]
-    assert [c[-1] for c in trained] == ['0'] * 5 + ['1'] * 5  # --seed
-    stage2_claims = [claim for claim in tools.claims if not claim[0].endswith('stage1')]
+        for name in ('lidar_only', 'camera_only', 'stage1', 'control', 'global_gate', 'aqr_targets')]
+    assert [c[-1] for c in trained] == ['0'] * 6 + ['1'] * 6  # --seed
+    # each with its config's data-parallel processes (make demo's recipe: 2; the camera-only model: 1)
+    assert tools.processes == [2, 1, 2, 2, 2, 2] * 2
+    scratch = ('stage1', 'lidar_only', 'camera_only')
+    stage2_claims = [claim for claim in tools.claims if not claim[0].endswith(scratch)]
+    assert len(stage2_claims) == 6
     assert all(claim[2:] == (1, f'{work}/seed{claim[1]}/stage1/epoch_2.pth') for claim in stage2_claims)
+    assert all(claim[2:] == (2, None) for claim in tools.claims if claim[0].endswith(scratch))
     evaluations = [c for c in tools.commands if c[0] == 'tools/eval_robustness.py']
-    assert len(evaluations) == 12
-    # seed by seed: seed 0's six evaluations come before seed 1's first training
-    seed1_training = tools.commands.index(trained[5])
-    assert [tools.commands.index(c) < seed1_training for c in evaluations] == [True] * 6 + [False] * 6
-    oracle = evaluations[5]
-    assert oracle[1:3] == [f'{work}/seed0/stage1/cmt_aqr_synthetic_tiny_fixed_routing.py',
+    assert len(evaluations) == 14
+    # seed by seed: seed 0's seven evaluations come before seed 1's first training
+    seed1_training = tools.commands.index(trained[6])
+    assert [tools.commands.index(c) < seed1_training for c in evaluations] == [True] * 7 + [False] * 7
+    oracle = evaluations[6]
+    assert oracle[1:3] == [f'{work}/seed0/stage1/cmt_aqr_synthetic_tiny_passes_fixed_routing.py',
                            f'{work}/seed0/stage1/epoch_2.pth']
     assert oracle[oracle.index('--routing') + 1] == 'oracle' and oracle[oracle.index('--out') + 1].endswith(
         'stage1/robustness_oracle')
@@ -90,9 +100,10 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     # the report: one row per corruption, every arm, differences from the control
     assert list(summary) == CORRUPTIONS
     assert list(summary['clean']['arms']) == [arm.name for arm in STUDY_ARMS]
-    assert summary['clean']['minus_control']['aqr']['mAP']['n'] == 2
+    assert summary['clean']['minus_control']['aqr_targets']['mAP']['n'] == 2
     text = (tmp_path / 'out' / 'study.md').read_text()
-    assert '| corruption | stage 1 | control | global gate | CMT-AQR | CMT-AQR + targets | oracle |' in text
+    assert ('| corruption | LiDAR only | camera only | stage 1 | control | global gate | CMT-AQR | oracle |'
+            in text)
     written = json.loads((tmp_path / 'out' / 'study.json').read_text())
     assert written['options']['seeds'] == [0, 1] and len(written['runs']['oracle']) == 2
     assert (tmp_path / 'out' / 'study_chart.png').exists()
@@ -105,19 +116,22 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     _study(tmp_path, tools).run()
     out = capsys.readouterr().out
     assert len(tools.commands) == count, 'a second run reuses every step'
-    assert '0.0 h left' in out and out.count('exists') == 10 and out.count('has every corruption') == 12
+    assert '0.0 h left' in out and out.count('exists') == 12 and out.count('has every corruption') == 14
 
 
 def test_shared_stage1_is_trained_and_evaluated_once(tmp_path):
-    study = _study(tmp_path, arms=[study_arm(name) for name in ('stage1', 'control', 'oracle')], shared_stage1=True)
+    arms = [study_arm(name) for name in ('lidar_only', 'stage1', 'control', 'oracle')]
+    study = _study(tmp_path, arms=arms, shared_stage1=True)
     study.run()
     work = str(tmp_path / 'work')
     trained = [c[c.index('--work-dir') + 1] for c in study.tools.commands if c[0] == 'tools/train.py']
-    assert trained == [f'{work}/seed0/stage1', f'{work}/seed0/control', f'{work}/seed1/control']
+    assert trained == [f'{work}/seed0/lidar_only', f'{work}/seed0/stage1', f'{work}/seed0/control',
+                       f'{work}/seed1/control']
     evaluated = [c[c.index('--out') + 1] for c in study.tools.commands if c[0] == 'tools/eval_robustness.py']
-    # stage 1 and the oracle once, for both seeds
-    assert evaluated == [f'{work}/seed0/stage1/robustness', f'{work}/seed0/control/robustness',
-                         f'{work}/seed0/stage1/robustness_oracle', f'{work}/seed1/control/robustness']
+    # the arms trained from scratch and the oracle once, for both seeds
+    assert evaluated == [f'{work}/seed0/lidar_only/robustness', f'{work}/seed0/stage1/robustness',
+                         f'{work}/seed0/control/robustness', f'{work}/seed0/stage1/robustness_oracle',
+                         f'{work}/seed1/control/robustness']
     assert not (tmp_path / 'out' / 'study_mixed_120_bev.png').exists()  # no CMT-AQR + targets to draw
 
 
@@ -136,15 +150,16 @@ def test_default_plan_fits_the_budget_and_lists_every_step(tmp_path, capsys):
     default = dict(seeds=[0, 1, 2], scenes=150, stage1_epochs=12, stage2_epochs=4, corruptions=['clean'] + ['c'] * 10)
     study = _study(tmp_path, **default)
     steps = study.plan()
-    # data, 3 x 5 trainings, 3 x 6 evaluations, pictures
-    assert len(steps) == 1 + 15 + 18 + 1 and not any(step.done for step in steps)
+    # data, 3 x 6 trainings, 3 x 7 evaluations, pictures
+    assert len(steps) == 1 + 18 + 21 + 1 and not any(step.done for step in steps)
     total = sum(step.minutes for step in steps)
-    assert 120 < total <= BUDGET_HOURS * 60
+    assert 180 < total <= BUDGET_HOURS * 60
     study.print_plan()
     out = capsys.readouterr().out
     assert f'estimated {total / 60:.1f} h' in out and 'exceeds' not in out
     shared = _study(tmp_path, shared_stage1=True, **default).plan()
-    assert len(shared) == 1 + 13 + 14 + 1 and sum(step.minutes for step in shared) < total - 40
+    # the three models trained from scratch and their evaluations (the oracle's too) once
+    assert len(shared) == 1 + 12 + 13 + 1 and sum(step.minutes for step in shared) < total - 100
 
 
 def test_options_are_checked(tmp_path):

@@ -18,12 +18,15 @@ def _types(cfg):
 
 
 def test_arms_in_table_order_with_their_training_and_routing():
-    assert [arm.name for arm in STUDY_ARMS] == ['stage1', 'control', 'global_gate', 'aqr', 'aqr_targets', 'oracle']
-    assert [arm.training for arm in STUDY_ARMS] == ['stage1', 'stage2', 'stage2', 'stage2', 'stage2', 'none']
-    assert [arm.trains for arm in STUDY_ARMS] == ['all', 'all', 'router', 'router', 'router', 'all']
-    assert [arm.test_routing for arm in STUDY_ARMS] == ['learned'] * 5 + ['oracle']
-    assert study_arm('control').config == study_arm('stage1').config == study_arm('oracle').config
-    assert not study_arm('oracle').is_trained and study_arm('aqr').is_trained
+    assert [arm.name for arm in STUDY_ARMS] == ['lidar_only', 'camera_only', 'stage1', 'control', 'global_gate',
+                                                'aqr_targets', 'oracle']
+    assert [arm.training for arm in STUDY_ARMS] == ['stage1'] * 3 + ['stage2'] * 3 + ['none']
+    assert [arm.trains for arm in STUDY_ARMS] == ['all'] * 4 + ['router'] * 2 + ['all']
+    assert [arm.test_routing for arm in STUDY_ARMS] == ['learned'] * 6 + ['oracle']
+    assert [arm.modality_drop for arm in STUDY_ARMS] == [(1.0, 0.0), 'none'] + ['study'] * 5
+    assert (study_arm('lidar_only').config == study_arm('control').config == study_arm('stage1').config
+            == study_arm('oracle').config == 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py')
+    assert not study_arm('oracle').is_trained and study_arm('aqr_targets').is_trained
     for arm in STUDY_ARMS:
         assert osp.exists(osp.join(REPO_ROOT, arm.config)), arm.config
     with pytest.raises(ValueError, match="no study arm 'mome'"):
@@ -32,11 +35,21 @@ def test_arms_in_table_order_with_their_training_and_routing():
         StudyArm('x', 'x', 'x', 'x.py', 'stage3')
     with pytest.raises(ValueError, match='trains must be'):
         StudyArm('x', 'x', 'x', 'x.py', 'stage2', trains='backbone')
+    with pytest.raises(ValueError, match='modality_drop must be'):
+        StudyArm('x', 'x', 'x', 'x.py', 'stage2', modality_drop='config')
+
+
+def test_every_arm_is_the_camera_pass_detector_but_the_camera_only_model():
+    for arm in STUDY_ARMS:
+        head = Config.fromfile(osp.join(REPO_ROOT, arm.config)).model.pts_bbox_head
+        if arm.name == 'camera_only':
+            assert head.type == 'CmtImageHead'
+        else:
+            assert tuple(head.modality_passes) == ('fused', 'camera') and head.lidar_free_pass == 'camera'
 
 
 @pytest.mark.parametrize('name, generator', [
     ('global_gate', dict(granularity='sample', aux_loss_weight=1.0, query_loss_weight=0.0)),
-    ('aqr', dict(granularity='query', aux_loss_weight=0.0, query_loss_weight=0.0)),
     ('aqr_targets', dict(granularity='query', aux_loss_weight=0.0, query_loss_weight=1.0))])
 def test_stage2_arms_build_their_router_and_train_only_it(name, generator):
     cfg = Config.fromfile(osp.join(REPO_ROOT, study_arm(name).config))
@@ -64,8 +77,16 @@ def test_arm_config_sets_data_epochs_modality_drop_and_the_targets_corruptions(t
     transform = Compose([step]).transforms[0]
     assert [t.name for t in transform.transforms] == ['object_drop:0.5', 'camera_fail:0.4', 'mixed:120']
     assert transform.thresholds.tolist() == pytest.approx([0.2, 0.4, 0.6])
-    other = arm_config(study_arm('aqr'), str(tmp_path), 4, 0.25, 0.25, repo_root=REPO_ROOT)
+    other = arm_config(study_arm('global_gate'), str(tmp_path), 4, 0.25, 0.25, repo_root=REPO_ROOT)
     assert 'RandomSensorCorruption' not in _types(other) and other.load_from is None
+
+
+def test_single_sensor_arms_keep_their_own_modality_drop(tmp_path):
+    lidar = arm_config(study_arm('lidar_only'), str(tmp_path), 12, 0.25, 0.25, repo_root=REPO_ROOT)
+    (mask, ) = [step for step in lidar.data.train.pipeline if step['type'] == 'ModalMask3D']
+    assert (mask['image_drop_prob'], mask['points_drop_prob']) == (1.0, 0.0)
+    camera = arm_config(study_arm('camera_only'), str(tmp_path), 12, 0.25, 0.25, repo_root=REPO_ROOT)
+    assert 'ModalMask3D' not in _types(camera) and camera.runner.max_epochs == 12
 
 
 def test_bad_pipelines_and_specs_are_refused():

@@ -119,12 +119,12 @@ def test_insertion_goes_after_the_loaders_and_before_test_time_augmentation(cmt)
 
 def test_insertion_refuses_pipelines_it_cannot_corrupt(cmt):
     pipeline = cmt.test_pipeline()
-    lidar_only = [step for step in pipeline if step['type'] != 'LoadMultiViewImageFromFiles']
-    with pytest.raises(ValueError, match='no top-level LoadMultiViewImageFromFiles'):
-        insert_corruption(lidar_only, 'view_drop:1')
-    camera_only = [step for step in pipeline if not step['type'].startswith('LoadPoints')]
-    with pytest.raises(ValueError, match='no top-level LoadPointsFromFile'):
-        insert_corruption(camera_only, 'points:0.5')
+    # a loader inside MultiScaleFlipAug3D: the model reads the input, but the corruption cannot come after it
+    for loader, corruption in (('LoadMultiViewImageFromFiles', 'view_drop:1'), ('LoadPointsFromFile', 'points:0.5')):
+        nested = [step for step in pipeline if not step['type'].startswith(loader[:10])]
+        nested[-1] = dict(nested[-1], transforms=[dict(type=loader)] + nested[-1]['transforms'])
+        with pytest.raises(ValueError, match=f'no top-level {loader}'):
+            insert_corruption(nested, corruption)
     normalised_early = pipeline[:2] + [dict(type='NormalizeMultiviewImage', **cmt.IMG_NORM_CFG)] + pipeline[2:]
     with pytest.raises(ValueError, match=r"\(\['NormalizeMultiviewImage'\]\) before its last loading step"):
         insert_corruption(normalised_early, 'camera_drop')
@@ -136,6 +136,23 @@ def test_insertion_refuses_pipelines_it_cannot_corrupt(cmt):
         insert_corruption(no_time, 'beams:16')
     with pytest.raises(ValueError, match='unknown corruption mode'):
         insert_corruption(pipeline, 'snow')
+
+
+def test_a_model_that_reads_no_points_keeps_them_out_of_the_corruption(cmt):
+    """A camera-only pipeline loads no points at any level: lidar_drop corrupts nothing of it, mixed only its
+    cameras (the LiDAR part is recorded as unread)."""
+    camera_only = [step for step in cmt.test_pipeline() if not step['type'].startswith('LoadPoints')]
+    assert insert_corruption(camera_only, 'lidar_drop')[1] == dict(type='SensorCorruption', mode='lidar_drop',
+                                                                   inputs=[])
+    mixed = build_from_cfg(insert_corruption(camera_only, 'mixed:120')[1], PIPELINES)
+    assert (mixed.input_keys, mixed.unread_inputs) == (('img', ), ('points', ))
+    images = [np.full((4, 6, 3), 50, dtype=np.uint8) for _ in range(6)]
+    lidar_drop = build_from_cfg(insert_corruption(camera_only, 'lidar_drop')[1], PIPELINES)
+    results = lidar_drop(dict(img=images))
+    assert results[CORRUPTION_KEY] == dict(name='lidar_drop', mode='lidar_drop', unread_inputs=['points'])
+    assert results['img'] is images and 'points' not in results
+    with pytest.raises(ValueError, match="corrupts \\['points'\\], not \\['img'\\]"):
+        build_from_cfg(dict(type='SensorCorruption', mode='fov', fov_deg=90.0, inputs=['img']), PIPELINES)
 
 
 def test_corrupt_config_rewrites_the_val_and_test_pipelines_of_a_copy(cmt):

@@ -9,7 +9,7 @@ from projects.mmdet3d_plugin.apis.study_report import METRICS
 from tools import robustness_study as study
 
 AQR_PREFIXES = tuple(f'pts_bbox_head.{name}.' for name in ('aqr_weight_generator', 'attention_bias_generator'))
-ROUTER_ONLY = ('global_gate', 'aqr', 'aqr_targets')
+ROUTER_ONLY = ('global_gate', 'aqr_targets')
 
 
 def test_defaults_are_three_seeds_and_every_corruption_after_clean():
@@ -23,6 +23,7 @@ def test_defaults_are_three_seeds_and_every_corruption_after_clean():
     quick = study.study_options(study.parse_args(['--quick']))
     assert (quick.seeds, quick.scenes, quick.stage2_epochs) == ([0], 2, 1)
     assert quick.corruptions == list(study.QUICK_CORRUPTIONS) and quick.out == 'work_dirs/study_quick/report'
+    assert (options.image_drop, options.lidar_drop) == (0.0, 0.0)  # make demo's recipe
 
 
 def _weights(path):
@@ -35,7 +36,7 @@ def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
     argv = ['--quick', '--work-dir', str(work), '--data-root', str(data)]
     summary = study.main(argv)
     out = capsys.readouterr().out
-    assert '[study] plan: seeds 0 x 6 arms' in out
+    assert '[study] plan: seeds 0 x 7 arms' in out
     report = work / 'report'
     text = (report / 'study.md').read_text()
     corruptions = list(study.QUICK_CORRUPTIONS)
@@ -52,13 +53,15 @@ def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
             assert run[corruption]['status'] == 'ok', (arm.name, corruption)
             assert 0.0 <= row['arms'][arm.name]['mAP']['mean'] <= 1.0
             assert row['arms'][arm.name]['false_positives_per_sample']['mean'] >= 0.0
-            # every arm has AQR modules (stage 1's frozen): the router is scored against the targets
-            assert 0.0 <= row['arms'][arm.name]['router_accuracy']['mean'] <= 1.0
+            # every arm but the camera-only model has AQR modules (stage 1's frozen): the router is scored against
+            # the targets
+            accuracy = row['arms'][arm.name]['router_accuracy']
+            assert accuracy is None if arm.name == 'camera_only' else 0.0 <= accuracy['mean'] <= 1.0
             if arm.name != 'control':
                 difference = row['minus_control'][arm.name]['mAP']
                 (control, ) = written['runs']['control']
                 assert difference['mean'] == pytest.approx(run[corruption]['mAP'] - control[corruption]['mAP'])
-    assert written['summary']['clean']['arms']['aqr']['affected_recall'] is None  # clean affects nothing
+    assert written['summary']['clean']['arms']['aqr_targets']['affected_recall'] is None  # clean affects nothing
     (oracle, ) = written['runs']['oracle']
     assert oracle['lidar_drop']['routing'] == 'oracle'
     assert oracle['lidar_drop']['objects']['counts']['lidar_affected'] > 0
@@ -80,9 +83,9 @@ def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
     control = _weights(seed / 'control' / 'epoch_1.pth')
     changed = {key for key, value in stage1.items() if not torch.equal(control[key], value)}
     assert changed and not changed & aqr_keys
-    config = (seed / 'aqr_targets' / 'cmt_aqr_synthetic_tiny_stage2_query_targets.py').read_text()
+    config = (seed / 'aqr_targets' / 'cmt_aqr_synthetic_tiny_passes_stage2.py').read_text()
     assert 'RandomSensorCorruption' in config and 'query_loss_weight=1.0' in config
 
     study.main(argv)  # a second run reuses every step
     out = capsys.readouterr().out
-    assert out.count('exists') == 5 and out.count('has every corruption') == 6 and '$ ' not in out
+    assert out.count('exists') == 6 and out.count('has every corruption') == 7 and '$ ' not in out

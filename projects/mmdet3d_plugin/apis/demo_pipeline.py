@@ -224,6 +224,12 @@ class DemoStudyTools:
     def run(self, command: List[str]) -> None:
         run_tool(command)
 
+    def train(self, arguments: List[str], processes: int) -> None:
+        import torch
+        cores = usable_cores()
+        run_tool(*train_command(arguments, training_processes(None, processes, cores, torch.cuda.is_available()),
+                                cores))
+
     def claim_work_dir(self, work_dir: str, cfg, seed: int) -> None:
         claim_work_dir(work_dir, dict(run_fingerprint(cfg, self.dataset), seed=seed))
 

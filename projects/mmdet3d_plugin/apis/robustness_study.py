@@ -29,8 +29,10 @@ import mmcv
 from mmcv import Config
 
 from .study_arms import STUDY_ARMS, StudyArm, arm_config, study_arm
-from .study_report import Runs, bar_chart, markdown_report, summarise
+from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
 
+#: The arm every other stage-2 arm starts from (and the oracle evaluates).
+STAGE1 = 'stage1'
 #: The arm whose routing is drawn, and the corruptions it is drawn under (object failure, mixed failure).
 PICTURE_ARM = 'aqr_targets'
 PICTURE_CORRUPTIONS = ('object_drop:0.5', 'mixed:120')
@@ -47,8 +49,9 @@ CORRUPTION_MINUTES = 0.155
 DATA_MINUTES = 3.0
 PICTURE_MINUTES = 0.5
 STARTUP_MINUTES = 0.25
-#: The study's time budget (issue 22): the plan warns above it.
-BUDGET_HOURS = 2.5
+#: The study's time budget (issue 38: three seeds of seven arms, three of them trained from scratch): the plan
+#: warns above it.
+BUDGET_HOURS = 4.5
 
 
 @dataclass
@@ -97,7 +100,11 @@ class StudyTools(Protocol):
         """Generate the synthetic set and its info files (skipped when they are there)."""
 
     def run(self, command: List[str]) -> None:
-        """Run a tool (``['tools/train.py', ...]``) from the repository root; stop the study if it fails."""
+        """Run a tool (``['tools/eval_robustness.py', ...]``) from the repository root; stop the study if it fails."""
+
+    def train(self, arguments: List[str], processes: int) -> None:
+        """Run ``tools/train.py arguments`` in up to ``processes`` data-parallel processes (a config's
+        ``demo_processes``: its recipe's batch); stop the study if it fails."""
 
     def claim_work_dir(self, work_dir: str, cfg: Config, seed: int) -> None:
         """Mark ``work_dir`` as the run of ``cfg`` and ``seed``; stop the study if it holds another run."""
@@ -145,11 +152,12 @@ class RobustnessStudy:
         return osp.join(self.repo_root, *parts)
 
     def train_dir(self, arm: StudyArm, seed: int) -> str:
-        """The work dir of ``arm``'s training for ``seed`` (the oracle's: stage 1's)."""
+        """The work dir of ``arm``'s training for ``seed`` (the oracle's: stage 1's; with ``shared_stage1`` every
+        arm trained from scratch is trained once, for the first seed)."""
         if arm.training == 'stage2':
             return osp.join(self.options.work_dir, f'seed{seed}', arm.name)
-        stage1_seed = self.options.seeds[0] if self.options.shared_stage1 else seed
-        return osp.join(self.options.work_dir, f'seed{stage1_seed}', 'stage1')
+        scratch_seed = self.options.seeds[0] if self.options.shared_stage1 else seed
+        return osp.join(self.options.work_dir, f'seed{scratch_seed}', STAGE1 if arm.training == 'none' else arm.name)
 
     def epochs(self, arm: StudyArm) -> int:
         """The epochs of ``arm``'s training (the oracle: stage 1's)."""
@@ -247,7 +255,7 @@ class RobustnessStudy:
         options = self.options
         work_dir, checkpoint = self.train_dir(arm, seed), self.checkpoint(arm, seed)
         stage2 = arm.training == 'stage2'
-        load_from = self.checkpoint(study_arm('stage1'), seed) if stage2 else None
+        load_from = self.checkpoint(study_arm(STAGE1), seed) if stage2 else None
         cfg = arm_config(arm, options.data_root, self.epochs(arm), options.image_drop, options.lidar_drop, load_from,
                          self.repo_root)
         train_seed = seed if stage2 or not options.shared_stage1 else options.seeds[0]
@@ -257,8 +265,10 @@ class RobustnessStudy:
             print(f'  {checkpoint} exists', flush=True)
             return checkpoint
         cfg.dump(self.path(self.config_path(arm, seed)))
-        self._timed_run(f'train {work_dir}', ['tools/train.py', self.config_path(arm, seed), '--work-dir', work_dir,
-                                              '--auto-resume', '--no-validate', '--seed', str(train_seed)])
+        start = time.time()
+        self.tools.train([self.config_path(arm, seed), '--work-dir', work_dir, '--auto-resume', '--no-validate',
+                          '--seed', str(train_seed)], cfg.get('demo_processes', 1))
+        self.record_seconds(f'train {work_dir}', time.time() - start)
         return checkpoint
 
     def _evaluated(self, out_dir: str, arm: StudyArm) -> bool:
@@ -352,7 +362,7 @@ class RobustnessStudy:
                    f'ground truth green, predictions red), camera weight of each query in the camera that sees it, and '
                    f'the attention bias of the highest-scoring query (`tools/visualize_aqr.py`).')
         text = markdown_report('Robustness study: does routing pay under sensor failures?', self.intro(minutes),
-                               summary, self.arms, CHART, pictures, caption)
+                               summary, self.arms, CHART, pictures, caption, degradation_lines(runs, self.arms))
         with open(self.path(options.out, 'study.md'), 'w') as f:
             f.write(text)
         mmcv.dump(dict(options=asdict(options), arms=[asdict(arm) for arm in self.arms], summary=summary, runs=runs,

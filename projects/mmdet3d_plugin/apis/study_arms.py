@@ -1,11 +1,13 @@
 """The arms of the robustness study (``tools/robustness_study.py``): what each model is and how it is made.
 
-In table order::
+All on the camera-pass detector of ``make demo`` (``configs/demo/cmt_aqr_synthetic_tiny_passes.py``), in table
+order::
 
-    stage1       the baseline: CMT with AQR's window bias held fixed, trained from scratch with ModalMask3D
+    lidar_only   the same detector trained from scratch on black camera views (every point cloud kept)
+    camera_only  camera-only CMT (configs/demo/cmt_camera_synthetic_tiny.py) trained from scratch
+    stage1       the baseline: the detector with AQR's window bias held fixed (routing off), from scratch
     control      stage 1 trained further, every parameter it trains, as many iterations as a stage-2 arm
     global_gate  stage 2, router only: one LiDAR / camera weight per sample, MoME's per-sample label
-    aqr          stage 2, router only: CMT-AQR per query, trained through the detection loss
     aqr_targets  stage 2, router only: CMT-AQR per query with per-query routing targets and train-time corruptions
     oracle       the stage-1 checkpoint, each query's weights replaced at test time by the input's truth
 
@@ -13,7 +15,7 @@ In table order::
 """
 import os.path as osp
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 from mmcv import Config
 
@@ -21,10 +23,14 @@ from ..datasets.corruption_config import SWEEP_LOADER, sweep_time_column
 from ..datasets.data_root_config import retarget_data_root
 from ..datasets.pipelines.corruption import parse_corruption
 
-#: How an arm gets its checkpoint: trained from scratch, trained from the stage-1 checkpoint, or none of its own
-#: (it evaluates the stage-1 checkpoint).
+#: How an arm gets its checkpoint: trained from scratch for the stage-1 epochs, trained from the stage-1
+#: checkpoint for the stage-2 epochs, or none of its own (it evaluates the stage-1 checkpoint).
 TRAININGS = ('stage1', 'stage2', 'none')
-STAGE1_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_fixed_routing.py'
+STAGE1_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py'
+STAGE2_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_stage2.py'
+#: The LiDAR-only model's ModalMask3D: every camera view black, every point cloud kept (docs/demo.md: 0.482 on the
+#: demo data with make demo's recipe).
+LIDAR_ONLY_DROP = (1.0, 0.0)
 #: The train-time corruptions of ``aqr_targets`` (``RandomSensorCorruption``): per-query variation for its targets.
 TARGET_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.2), dict(spec='camera_fail:0.4', prob=0.2),
                       dict(spec='mixed:120', prob=0.2))
@@ -44,6 +50,9 @@ class StudyArm:
             AQR modules only); sets the time estimate.
         test_routing (str): AQR's routing at test time, ``'learned'`` or ``'oracle'``.
         train_corruptions (tuple[dict]): ``RandomSensorCorruption`` items added to the training pipeline.
+        modality_drop (tuple[float, float] | str): the training pipeline's ``ModalMask3D`` (image, points) drop
+            probabilities; ``'study'``: the study's options; ``'none'``: the config has no such step (a model
+            without one of the sensors).
     """
 
     name: str
@@ -54,12 +63,16 @@ class StudyArm:
     trains: str = 'all'
     test_routing: str = 'learned'
     train_corruptions: Tuple[dict, ...] = ()
+    modality_drop: Union[str, Tuple[float, float]] = 'study'
 
     def __post_init__(self) -> None:
         if self.training not in TRAININGS:
             raise ValueError(f'arm {self.name}: training must be one of {TRAININGS}, got {self.training!r}')
         if self.trains not in ('all', 'router'):
             raise ValueError(f"arm {self.name}: trains must be 'all' or 'router', got {self.trains!r}")
+        if isinstance(self.modality_drop, str) and self.modality_drop not in ('study', 'none'):
+            raise ValueError(f"arm {self.name}: modality_drop must be (image, points), 'study' or 'none', got "
+                             f'{self.modality_drop!r}')
 
     @property
     def is_trained(self) -> bool:
@@ -68,23 +81,26 @@ class StudyArm:
 
 
 STUDY_ARMS: Tuple[StudyArm, ...] = (
-    StudyArm('stage1', 'stage 1', 'CMT with AQR\'s window bias held fixed: router and alpha frozen at their '
-             'initialisation, every query trusts LiDAR and camera equally (weights 0.9 ± 0.01, a +4 window bias), '
-             'everything else trains', STAGE1_CONFIG, 'stage1'),
+    StudyArm('lidar_only', 'LiDAR only', 'the stage-1 detector trained from scratch on black camera views in every '
+             'sample and every point cloud kept: what this data\'s LiDAR alone detects', STAGE1_CONFIG, 'stage1',
+             modality_drop=LIDAR_ONLY_DROP),
+    StudyArm('camera_only', 'camera only', 'camera-only CMT (CmtImageHead, the camera locality prior and learning '
+             'aids) trained from scratch: what this data\'s cameras alone detect',
+             'configs/demo/cmt_camera_synthetic_tiny.py', 'stage1', modality_drop='none'),
+    StudyArm('stage1', 'stage 1', 'make demo\'s camera-pass CMT-AQR (fused and camera passes) with AQR\'s window '
+             'bias held fixed: router and alpha frozen at their initialisation, every query trusts LiDAR and camera '
+             'equally (weights 0.9 ± 0.01, a +4 window bias), everything else trains', STAGE1_CONFIG, 'stage1'),
     StudyArm('control', 'control', 'the stage-1 config trained further for the stage-2 iterations (every '
              'parameter it trains, no routing), so that extra training is not mistaken for routing', STAGE1_CONFIG,
              'stage2'),
     StudyArm('global_gate', 'global gate', 'router only, one LiDAR and one camera weight per sample (the router\'s '
-             'logits averaged over the queries) with MoME\'s per-sample label (the modality ModalMask3D dropped, '
+             'logits averaged over the queries) with MoME\'s per-sample label (the modality the sample lost, '
              'aux_loss_weight=1) next to the detection loss',
-             'configs/demo/cmt_aqr_synthetic_tiny_stage2_global_gate.py', 'stage2', trains='router'),
-    StudyArm('aqr', 'CMT-AQR', 'router only, per query, trained through the detection loss only (MoME\'s stage-2 '
-             'recipe)', 'configs/demo/cmt_aqr_synthetic_tiny_stage2.py', 'stage2', trains='router'),
-    StudyArm('aqr_targets', 'CMT-AQR + targets', 'router only, per query, with per-query routing targets '
-             '(query_loss_weight=1: LiDAR = the matched object\'s box keeps >= 5 points, camera = its centre is in a '
-             'live view) and train-time corruptions (object_drop:0.5, camera_fail:0.4, mixed:120, each with '
-             'probability 0.2)', 'configs/demo/cmt_aqr_synthetic_tiny_stage2_query_targets.py', 'stage2',
-             trains='router', train_corruptions=TARGET_CORRUPTIONS),
+             'configs/demo/cmt_aqr_synthetic_tiny_passes_stage2_global_gate.py', 'stage2', trains='router'),
+    StudyArm('aqr_targets', 'CMT-AQR', 'router only, per query, with per-query routing targets (query_loss_weight=1: '
+             'LiDAR = the matched object\'s box keeps >= 5 points, camera = its centre is in a live view) and '
+             'train-time corruptions (object_drop:0.5, camera_fail:0.4, mixed:120, each with probability 0.2)',
+             STAGE2_CONFIG, 'stage2', trains='router', train_corruptions=TARGET_CORRUPTIONS),
     StudyArm('oracle', 'oracle', 'the stage-1 checkpoint with each query\'s weights replaced at test time by the '
              'corrupted input\'s truth (LiDAR 1 where its BEV window holds points, camera 1 where a live view sees '
              'it): the headroom of routing', STAGE1_CONFIG, 'none', test_routing='oracle'),
@@ -155,8 +171,9 @@ def arm_config(arm: StudyArm, data_root: str, epochs: int, image_drop: float, li
         arm (StudyArm): a trained arm.
         data_root (str): the synthetic set (relative to ``repo_root``).
         epochs (int): training epochs.
-        image_drop (float): ``ModalMask3D``: probability that a sample loses its images.
-        lidar_drop (float): ``ModalMask3D``: probability that it loses its points instead.
+        image_drop (float): ``ModalMask3D``: probability that a sample loses its images (arms whose
+            ``modality_drop`` is ``'study'``).
+        lidar_drop (float): ``ModalMask3D``: probability that it loses its points instead (likewise).
         load_from (str, optional): the checkpoint it starts from (stage 2).
         repo_root (str): where the config and data paths are relative to.
 
@@ -164,7 +181,8 @@ def arm_config(arm: StudyArm, data_root: str, epochs: int, image_drop: float, li
         Config: keeps one checkpoint.
     """
     cfg = retarget_data_root(Config.fromfile(osp.join(repo_root, arm.config)), osp.join(repo_root, data_root))
-    set_modality_drop(cfg, image_drop, lidar_drop)
+    if arm.modality_drop != 'none':
+        set_modality_drop(cfg, *((image_drop, lidar_drop) if arm.modality_drop == 'study' else arm.modality_drop))
     if arm.train_corruptions:
         add_train_corruptions(cfg, arm.train_corruptions)
     cfg.merge_from_dict({'runner.max_epochs': epochs, 'checkpoint_config.max_keep_ckpts': 1, 'load_from': load_from})

@@ -5,7 +5,9 @@ every arm), each result a ``tools/eval_robustness.py --object-metrics``
 result dict (``status``, ``mAP``, ``NDS``, ``objects``). Output, per
 corruption and metric: each arm's mean and min … max over the seeds, and
 each arm's per-seed difference from the control (mean, range, and whether
-the sign is the same on every seed).
+the sign is the same on every seed); and each two-sensor arm under the loss
+of a sensor against the single-sensor model of the other
+(:func:`degradation_lines`).
 """
 import statistics
 from dataclasses import dataclass
@@ -86,6 +88,45 @@ def summarise(runs: Runs, corruptions: Sequence[str], reference: str = REFERENCE
     return summary
 
 
+#: Graceful degradation: each fused model under a sensor's loss against the model of the surviving sensor alone,
+#: at its own level (the LiDAR-only model under camera_drop: the black views it trained on; the camera-only model,
+#: which reads no points, clean): corruption -> (single-sensor arm, that arm's corruption).
+SINGLE_SENSOR_LEVELS = {'camera_drop': ('lidar_only', 'camera_drop'), 'lidar_drop': ('camera_only', 'clean')}
+
+
+def degradation_lines(runs: Runs, arms: Sequence[StudyArm]) -> List[str]:
+    """Markdown lines: per arm with both sensors, its mAP under each sensor loss minus the surviving sensor's
+    single-sensor model (:data:`SINGLE_SENSOR_LEVELS`), paired per seed; none without both single-sensor arms or
+    a corruption of the table."""
+    first = next(iter(runs.values()), [{}])[0] if runs else {}
+    losses = [name for name, (arm, level) in SINGLE_SENSOR_LEVELS.items()
+              if arm in runs and name in first and level in first]
+    if not losses:
+        return []
+    mAP = METRICS[0]
+    single = {name for name, _ in SINGLE_SENSOR_LEVELS.values()}
+    labels = {arm.name: arm.label for arm in arms}
+    lines = ['## Graceful degradation', '',
+             'mAP under the loss of a sensor minus the model of the surviving sensor alone (same data, schedule and '
+             'seed), per seed: ' + '; '.join(f'`{name}` against {labels.get(arm, arm)} '
+                                              f'({"its " + level if level != "clean" else "clean"})'
+                                              for name, (arm, level) in SINGLE_SENSOR_LEVELS.items()
+                                              if name in losses) + '.', '',
+             '| arm | ' + ' | '.join(f'{name} − {labels.get(SINGLE_SENSOR_LEVELS[name][0])}' for name in losses) + ' |',
+             '|---|' + '---:|' * len(losses)]
+    for arm in arms:
+        if arm.name in single or arm.name not in runs:
+            continue
+        cells = []
+        for name in losses:
+            reference, level = SINGLE_SENSOR_LEVELS[name]
+            cells.append(cell(paired_difference([mAP.of(seed.get(name, {})) for seed in runs[arm.name]],
+                                                [mAP.of(seed.get(level, {})) for seed in runs[reference]]),
+                              signed=True))
+        lines.append(f'| {arm.label} | ' + ' | '.join(cells) + ' |')
+    return lines + ['']
+
+
 def _number(value: float, sign: str) -> str:
     return f'{round(value, 3) + 0.0:{sign}.3f}'  # no '-0.000' for a tiny negative value
 
@@ -153,10 +194,12 @@ def bar_chart(summary: Dict[str, dict], arms: Sequence[StudyArm], path: str) -> 
 
 
 def markdown_report(title: str, intro: Sequence[str], summary: Dict[str, dict], arms: Sequence[StudyArm],
-                    chart: str, pictures: Dict[str, List[str]], picture_caption: str) -> str:
-    """The text of ``study.md``: title, setup (``intro`` lines), one pair of tables per metric, the chart and
-    the routing pictures (``{corruption: [file names]}``, relative to the report)."""
-    lines = [f'# {title}', '', *intro, '', *metric_tables(summary, arms),
+                    chart: str, pictures: Dict[str, List[str]], picture_caption: str,
+                    degradation: Sequence[str] = ()) -> str:
+    """The text of ``study.md``: title, setup (``intro`` lines), the ``degradation`` lines
+    (:func:`degradation_lines`), one pair of tables per metric, the chart and the routing pictures
+    (``{corruption: [file names]}``, relative to the report)."""
+    lines = [f'# {title}', '', *intro, '', *degradation, *metric_tables(summary, arms),
              f'![mAP and NDS per corruption and arm, the seeds\' range as error bars]({chart})', '']
     if pictures:
         lines += [picture_caption, '']

@@ -16,7 +16,7 @@ from mmdet.datasets.builder import PIPELINES as MMDET_PIPELINES
 from mmdet3d.datasets.builder import PIPELINES as MMDET3D_PIPELINES
 from mmdet3d.datasets.pipelines import Compose
 
-from .pipelines.corruption import CORRUPTION_KEY, parse_corruption
+from .pipelines.corruption import CORRUPTION_KEY, corruption_mode, parse_corruption
 
 #: The loading step each corrupted input needs.
 REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}
@@ -60,7 +60,11 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
 
     Also adds ``'corruption'`` to the ``meta_keys`` of every ``Collect3D``,
     and for ``beams`` and ``object_drop`` sets ``sweep_time_column`` from the pipeline's
-    ``LoadPointsFromMultiSweeps`` (unless given).
+    ``LoadPointsFromMultiSweeps`` (unless given). An input the pipeline never
+    loads (no loader at any level: a camera-only model's points) is one the
+    model does not read: the corruption leaves it out (``inputs``), so that
+    ``lidar_drop`` leaves a camera-only model's input as it is and ``mixed``
+    blacks out only its cameras' sector.
 
     Args:
         pipeline: test pipeline configs (dicts).
@@ -82,6 +86,10 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
     if (transform.get('mode') in TIME_AWARE_MODES and SWEEP_LOADER in types
             and 'sweep_time_column' not in transform):
         transform['sweep_time_column'] = sweep_time_column(steps[types.index(SWEEP_LOADER)])
+    mode_inputs = corruption_mode(transform['mode']).input_keys
+    read = [key for key in mode_inputs if _loads(steps, REQUIRED_LOADER[key])]
+    if len(read) < len(mode_inputs) and 'inputs' not in transform:  # the model does not read the others
+        transform['inputs'] = read
     corruption_step = Compose([transform]).transforms[0]
     for input_key in corruption_step.input_keys:
         loader = REQUIRED_LOADER[input_key]
@@ -94,6 +102,11 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
         raise ValueError(f'the test pipeline transforms the data ({early}) before its last loading step, so a '
                          f'corruption cannot see the raw loaded sample: {types}')
     return steps[:position] + [transform] + steps[position:]
+
+
+def _loads(steps: Sequence[Dict], loader: str) -> bool:
+    """Whether ``loader`` is a step of ``steps`` or of a step's nested ``transforms``."""
+    return any(step.get('type') == loader or _loads(step.get('transforms', ()), loader) for step in steps)
 
 
 def _dataset_configs(dataset: Union[Dict, List, None]) -> List[Dict]:

@@ -44,7 +44,7 @@ loaded.
 import numbers
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -210,6 +210,10 @@ class SensorCorruption:
             time lag written by ``LoadPointsFromMultiSweeps`` (``None``: no sweeps were loaded). The beam of a
             point is found from its elevation in the LiDAR frame it was measured in, so the sweeps must be
             mapped back; an object's sweep points lie where the object was at the sweep's time.
+        inputs (Sequence[str], optional): the inputs it corrupts, some of the mode's (default: all of them).
+            The others are inputs the model does not read (a camera-only model under ``lidar_drop`` or
+            ``mixed``: ``datasets.corruption_config.insert_corruption`` leaves out an input its pipeline never
+            loads); they are recorded as ``unread_inputs``, and the corruption changes nothing of them.
     """
 
     def __init__(self, mode: str, view: Optional[int] = None, fov_deg: Optional[float] = None,
@@ -220,8 +224,10 @@ class SensorCorruption:
                  forward_camera: str = 'CAM_FRONT', forward_yaw_deg: Optional[float] = None,
                  lidar_beams: int = HDL32E_BEAMS,
                  elevation_range_deg: Tuple[float, float] = HDL32E_ELEVATION_RANGE_DEG,
-                 sweep_time_column: Optional[int] = None) -> None:
+                 sweep_time_column: Optional[int] = None, inputs: Optional[Sequence[str]] = None) -> None:
         spec = corruption_mode(mode)
+        if inputs is not None and not set(inputs) <= set(spec.input_keys):
+            raise ValueError(f'SensorCorruption: mode {mode!r} corrupts {list(spec.input_keys)}, not {list(inputs)}')
         arguments = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio,
                          drop_prob=drop_prob, fail_prob=fail_prob, rotation_deg=rotation_deg, sector_deg=sector_deg)
         foreign = [name for name, value in arguments.items() if value is not None and name != spec.arg_name]
@@ -230,7 +236,8 @@ class SensorCorruption:
         if object_margin < 0:
             raise ValueError(f'SensorCorruption: object_margin must be >= 0, got {object_margin}')
         self.mode = mode
-        self.input_keys = spec.input_keys
+        self.input_keys = tuple(key for key in spec.input_keys if inputs is None or key in inputs)
+        self.unread_inputs = tuple(key for key in spec.input_keys if key not in self.input_keys)
         self.arg_name = spec.arg_name
         self.value = check_corruption_argument(mode, arguments.get(spec.arg_name))
         self.name = corruption_name(mode, self.value)
@@ -256,11 +263,13 @@ class SensorCorruption:
             record[self.arg_name] = self.value
         if self.mode in ('points', 'object_drop', 'camera_fail', 'extrinsic', 'mixed'):
             record['seed'] = self.seed
+        if self.unread_inputs:
+            record['unread_inputs'] = list(self.unread_inputs)
         if self.mode == 'mixed':
             lidar_yaw = self._rng(results).uniform(-np.pi, np.pi)
             record['lidar_sector_deg'] = float(np.degrees(lidar_yaw))
             record['camera_sector_deg'] = float(np.degrees(np.remainder(lidar_yaw + 2 * np.pi, 2 * np.pi) - np.pi))
-        if self.mode == 'extrinsic':
+        if self.mode == 'extrinsic' and 'img' in self.input_keys:
             self._misalign_cameras(results, record)
         elif 'img' in self.input_keys:
             self._black_out_views(results, record)
