@@ -59,6 +59,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help=f'--object-metrics: lowest score a detection counts with (default {SCORE_THRESHOLD})')
     parser.add_argument('--min-lidar-points', type=int, default=MIN_LIDAR_POINTS, help='--object-metrics: points '
                         f'a box must hold for LiDAR to see its object (default {MIN_LIDAR_POINTS})')
+    parser.add_argument('--attention-mass', action='store_true', help='--object-metrics: also the share of the '
+                        'fused cross-attention on the dead sensor\'s keys (dense attention probabilities, slower)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
     args = parser.parse_args(argv)
     if args.samples is not None and args.samples < 1:
@@ -66,6 +68,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     duplicates = sorted({spec for spec in args.corruptions if args.corruptions.count(spec) > 1})
     if duplicates:
         parser.error(f'--corruptions lists {duplicates} more than once')
+    if args.attention_mass and not args.object_metrics:
+        parser.error('--attention-mass is an object metric: add --object-metrics')
     if args.object_metrics and CLEAN not in args.corruptions:
         parser.error(f'--object-metrics compares every corruption with the clean inputs: add {CLEAN} to --corruptions')
     return args

@@ -57,6 +57,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         f'a counted detection (default {SCORE_THRESHOLD})')
     parser.add_argument('--min-lidar-points', type=int, default=MIN_LIDAR_POINTS, help='object metrics: points a '
                         f'box must hold for LiDAR to see its object (default {MIN_LIDAR_POINTS})')
+    parser.add_argument('--no-attention-mass', dest='attention_mass', action='store_false',
+                        help='object metrics without the fused cross-attention\'s mass on the dead sensor\'s keys '
+                        '(dense attention probabilities at evaluation)')
     parser.add_argument('--picture-sample', type=int, default=0, help='validation sample of the routing pictures')
     parser.add_argument('--data-root', help='default: data/synthetic_study (--quick: data/synthetic_study_quick)')
     parser.add_argument('--work-dir', help='default: work_dirs/study (--quick: work_dirs/study_quick)')

@@ -46,7 +46,8 @@ class FakeTools:
             os.makedirs(osp.join(self.root, options['--out']), exist_ok=True)
             with open(osp.join(self.root, options['--out'], 'robustness.json'), 'w') as f:
                 json.dump(dict(routing=[options['--routing']], score_threshold=float(options['--score-thr']),
-                               min_lidar_points=int(options['--min-lidar-points']), results=results), f)
+                               min_lidar_points=int(options['--min-lidar-points']),
+                               attention_mass='--attention-mass' in command, results=results), f)
         elif tool == 'tools/visualize_aqr.py':
             os.makedirs(osp.join(self.root, options['--out']), exist_ok=True)
             for kind in ('bev', 'cameras', 'bias'):
@@ -144,6 +145,18 @@ def test_an_evaluation_with_other_object_metric_options_is_redone(tmp_path):
     _study(tmp_path, tools, arms=arms, seeds=[0], score_threshold=0.5).run()
     assert len([c for c in tools.commands[count:] if c[0] == 'tools/eval_robustness.py']) == 3
     assert not [c for c in tools.commands[count:] if c[0] == 'tools/train.py']
+
+
+def test_an_evaluation_without_the_attention_mass_is_redone(tmp_path):
+    arms = [study_arm(name) for name in ('stage1', 'control')]
+    study = _study(tmp_path, arms=arms, seeds=[0], attention_mass=False)
+    study.run()
+    tools = study.tools
+    assert not any('--attention-mass' in c for c in tools.commands)
+    count = len(tools.commands)
+    _study(tmp_path, tools, arms=arms, seeds=[0]).run()
+    redone = [c for c in tools.commands[count:] if c[0] == 'tools/eval_robustness.py']
+    assert len(redone) == 2 and all('--attention-mass' in c for c in redone)
 
 
 def test_default_plan_fits_the_budget_and_lists_every_step(tmp_path, capsys):

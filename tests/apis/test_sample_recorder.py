@@ -5,6 +5,8 @@ import torch
 from mmcv import Config
 from mmdet3d.models import build_model
 
+from projects.mmdet3d_plugin.apis.attention_mass import fused_cross_attention, record_camera_mass
+from projects.mmdet3d_plugin.apis.decoder_capture import capture_decoder
 from projects.mmdet3d_plugin.apis.sample_recorder import record_samples
 from projects.mmdet3d_plugin.apis.synthetic_batch import random_demo_batch
 from projects.mmdet3d_plugin.models.aqr.routing_targets import count_points_in_boxes
@@ -69,6 +71,43 @@ def test_every_tested_sample_leaves_its_inputs_detections_and_routing():
     with record_samples(model, GroundTruth(batch)) as again:
         _test(model, batch)
     assert torch.equal(again[1].camera_weights, observations[1].camera_weights)
+
+
+def test_attention_mass_is_each_querys_share_on_the_camera_keys_on_request():
+    cfg, model, batch = _model_and_batch('configs/demo/cmt_aqr_synthetic_tiny.py')
+    with record_samples(model, GroundTruth(batch), attention_mass=True) as observations:
+        _test(model, batch)
+    with record_samples(model, GroundTruth(batch)) as without:
+        _test(model, batch)
+    assert without[0].camera_mass is None
+    for observation in observations:
+        mass = observation.camera_mass
+        assert mass.shape == (cfg.model.pts_bbox_head.num_query, ) and mass.std() > 0
+        assert ((mass >= 0) & (mass <= 1)).all()
+    assert not torch.equal(observations[0].camera_mass, observations[1].camera_mass)  # each sample its own
+
+
+def test_camera_mass_sums_the_fused_attention_over_the_camera_keys():
+    """The recorded mass against the last cross-attention's probabilities summed over the keys after the BEV
+    (its size read from the decoder's input by capture_decoder)."""
+    _, model, batch = _model_and_batch('configs/demo/cmt_aqr_synthetic_tiny.py')
+    head = model.pts_bbox_head
+    calls = []
+    handle = fused_cross_attention(head).register_forward_hook(
+        lambda module, args, kwargs, output: calls.append((module, args[:2], kwargs)), with_kwargs=True)
+    try:
+        with capture_decoder(head) as snapshot, record_camera_mass(head) as mass:
+            _test(model, batch)
+    finally:
+        handle.remove()
+    (module, (query, key), kwargs), = calls
+    bev_keys = snapshot.bev_shape[0] * snapshot.bev_shape[1]
+    assert bev_keys < key.size(1)
+    with torch.no_grad():
+        weights = module.attention_weights(query, key, bias=kwargs['bias'],
+                                           key_padding_mask=kwargs['key_padding_mask'])
+    torch.testing.assert_close(mass.latest, weights[..., bev_keys:].sum(-1).mean(1))
+    torch.testing.assert_close(1 - mass.latest, weights[..., :bev_keys].sum(-1).mean(1))
 
 
 def test_plain_cmt_has_no_routing_and_unknown_samples_are_refused():

@@ -121,6 +121,21 @@ def test_object_metrics_of_a_constructed_corruption():
     assert metrics.counts['samples'] == 2 and metrics.options['score_threshold'] == 0.3
 
 
+def test_attention_on_the_dead_sensor_averages_the_routed_queries_mass():
+    routing = ([0.9, 0.4, 0.7], [0.2, 0.8, 0.9], [0.9, 0.7, 0.1])
+    clean = _observation([20, 20, 20])
+    # A loses its points; B's camera (view 1) fails; C no camera sees: the dead camera is B's and C's
+    corrupted = _observation([0, 20, 20], dead_views=[1], routing=routing)
+    assert object_metrics([clean], [corrupted]).dead_camera_attention is None  # no mass recorded
+    corrupted.camera_mass = torch.tensor([0.7, 0.25, 0.05])  # per query: A, B, C
+    counts = sample_counts(clean, corrupted)
+    assert (counts.dead_camera_objects, counts.dead_lidar_objects) == (2, 1)
+    assert counts.dead_camera_mass == pytest.approx(0.30) and counts.dead_lidar_mass == pytest.approx(0.3)
+    metrics = object_metrics([clean], [corrupted])
+    assert metrics.dead_camera_attention == pytest.approx(0.15)  # camera keys of B and C's queries
+    assert metrics.dead_lidar_attention == pytest.approx(0.3)  # BEV keys of A's query: 1 - 0.7
+
+
 def test_no_affected_objects_and_no_routing_give_none():
     clean = _observation([20, 20, 20])
     metrics = object_metrics([clean], [_observation([20, 20, 20], detections=[(10.0, 0.0, CAR, 0.9)])])

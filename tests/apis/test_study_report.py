@@ -66,11 +66,11 @@ def test_cells_and_tables():
     lines = metric_tables(summarise(_runs(), ['clean']), arms)
     headers = [line for line in lines if line.startswith('| corruption | stage 1')]
     assert headers == ['| corruption | stage 1 | control | CMT-AQR |', '| corruption | stage 1 − control | '
-                       'CMT-AQR − control |'] * 5  # one pair of tables per metric
+                       'CMT-AQR − control |'] * 7  # one pair of tables per metric
     map_rows = [line for line in lines if line.startswith('| clean |')][:2]
     assert map_rows[0] == '| clean | 0.283 (0.200 … 0.350) | 0.267 (0.100 … 0.400) | 0.350 (0.200 … 0.500) |'
     assert map_rows[1] == '| clean | +0.017 (-0.100 … +0.100) | **+0.100** (+0.100 … +0.100) |'
-    assert sum(line.startswith('## ') for line in lines) == 5
+    assert sum(line.startswith('## ') for line in lines) == 7
 
 
 def test_report_and_chart(tmp_path):

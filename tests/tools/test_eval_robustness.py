@@ -57,6 +57,19 @@ def test_default_corruptions_and_bad_specs(capsys):
     with pytest.raises(SystemExit):
         eval_robustness.parse_args(['config.py', 'checkpoint.pth', '--corruptions', 'clean', 'clean'])
     assert 'more than once' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eval_robustness.parse_args(['config.py', 'checkpoint.pth', '--attention-mass'])
+    assert '--attention-mass is an object metric: add --object-metrics' in capsys.readouterr().err
+
+
+def test_attention_mass_on_the_dead_sensor(demo_checkpoint, tmp_path):
+    config, checkpoint = demo_checkpoint(AQR_DEMO)
+    results = eval_robustness.main([config, checkpoint, '--corruptions', 'clean', 'camera_drop', '--object-metrics',
+                                    '--attention-mass', '--out', str(tmp_path), '--samples', '2'])
+    assert all(r.status == 'ok' for r in results), [r.error for r in results]
+    dead_camera = results[1].objects
+    assert dead_camera['counts']['dead_camera_objects'] > 0 and 0.0 <= dead_camera['dead_camera_attention'] <= 1.0
+    assert results[0].objects['dead_lidar_attention'] is None or 0.0 <= results[0].objects['dead_lidar_attention'] <= 1
 
 
 def test_first_samples_are_evaluated_against_their_own_ground_truth(demo_checkpoint):

@@ -103,6 +103,8 @@ class RobustnessOptions:
         object_metrics (bool): also the object metrics (needs ``clean``).
         score_thr (float): object metrics: the lowest score a detection counts with.
         min_lidar_points (int): object metrics: points a box must hold for LiDAR to see its object.
+        attention_mass (bool): object metrics: also the fused cross-attention's mass on the dead sensor's keys
+            (``dead_camera_attention``, ``dead_lidar_attention``; dense attention probabilities, slower).
         cfg_options (dict, optional): config settings to override.
     """
 
@@ -117,6 +119,7 @@ class RobustnessOptions:
     object_metrics: bool = False
     score_thr: float = SCORE_THRESHOLD
     min_lidar_points: int = MIN_LIDAR_POINTS
+    attention_mass: bool = False
     cfg_options: Optional[dict] = None
 
 
@@ -264,7 +267,8 @@ def evaluate_robustness(options: RobustnessOptions) -> Tuple[List[CorruptionResu
         name = corruption if options.routing == ['learned'] else f'{corruption} ({routing} routing)'
         logger.info(f'[{index}/{len(runs)}] {name}')
         set_test_routing(model, routing)
-        with record_samples(model, dataset) if options.object_metrics else nullcontext() as observations:
+        with (record_samples(model, dataset, options.attention_mass) if options.object_metrics
+              else nullcontext()) as observations:
             result = evaluate_corruption(model, cfg, corruption, logger, options.samples, options.corruption_seed,
                                          samples_per_gpu)
         result.routing = routing
@@ -284,5 +288,6 @@ def evaluate_robustness(options: RobustnessOptions) -> Tuple[List[CorruptionResu
     header = dict(config=options.config, checkpoint=options.checkpoint, samples=num_samples,
                   corruption_seed=options.corruption_seed, routing=options.routing)
     if options.object_metrics:
-        header.update(score_threshold=options.score_thr, min_lidar_points=options.min_lidar_points)
+        header.update(score_threshold=options.score_thr, min_lidar_points=options.min_lidar_points,
+                      attention_mass=options.attention_mass)
     return results, write_report(results, out_dir, header)

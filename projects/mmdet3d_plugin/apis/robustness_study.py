@@ -74,6 +74,8 @@ class StudyOptions:
         min_lidar_points (int): points a box must hold for LiDAR to see its object.
         picture_sample (int): validation sample of the routing pictures.
         command (str): the command line, for the report.
+        attention_mass (bool): the object metrics include the fused cross-attention's mass on the dead sensor's
+            keys (``tools/eval_robustness.py --attention-mass``).
     """
 
     seeds: List[int]
@@ -91,6 +93,7 @@ class StudyOptions:
     min_lidar_points: int
     picture_sample: int
     command: str
+    attention_mass: bool = True
 
 
 class StudyTools(Protocol):
@@ -281,7 +284,8 @@ class RobustnessStudy:
                 if result['status'] != 'ok' or result.get('objects') is not None}
         return (not set(self.options.corruptions) - done and written.get('routing') == [arm.test_routing]
                 and written.get('score_threshold') == self.options.score_threshold
-                and written.get('min_lidar_points') == self.options.min_lidar_points)
+                and written.get('min_lidar_points') == self.options.min_lidar_points
+                and written.get('attention_mass', False) == self.options.attention_mass)
 
     def evaluate(self, arm: StudyArm, seed: int) -> Dict[str, dict]:
         """``tools/eval_robustness.py --object-metrics`` on ``arm``'s checkpoint (skipped when done).
@@ -297,7 +301,8 @@ class RobustnessStudy:
             self._timed_run(f'evaluate {out_dir}', [
                 'tools/eval_robustness.py', self.config_path(arm, seed), self.checkpoint(arm, seed), '--out', out_dir,
                 '--routing', arm.test_routing, '--object-metrics', '--score-thr', str(options.score_threshold),
-                '--min-lidar-points', str(options.min_lidar_points), '--corruptions', *options.corruptions])
+                '--min-lidar-points', str(options.min_lidar_points)]
+                + ['--attention-mass'] * options.attention_mass + ['--corruptions', *options.corruptions])
         return {result['corruption']: result for result in mmcv.load(self.path(out_dir, 'robustness.json'))['results']}
 
     def pictures(self) -> Dict[str, List[str]]:
@@ -346,8 +351,11 @@ class RobustnessStudy:
             f'positives per sample (detections scoring >= {options.score_threshold} with no object of their class '
             f'within 2 m); the router\'s accuracy: per object, the query of its best-scoring prediction of its class '
             f'within 2 m, its LiDAR and camera weights on the side of 0.5 of the object\'s per-query targets (LiDAR: '
-            f'the box holds >= {options.min_lidar_points} points, camera: its centre is in a live view) '
-            f'(`projects/mmdet3d_plugin/apis/study_metrics.py`). The differences are per seed, each arm minus the '
+            f'the box holds >= {options.min_lidar_points} points, camera: its centre is in a live view)'
+            + ('; for the same queries, the share of the fused pass\'s last cross-attention on the camera keys where '
+               'no live view sees the object, and on the BEV keys where its box lost its points (routing that mutes '
+               'a dead sensor takes these towards 0)' if options.attention_mass else '')
+            + ' (`projects/mmdet3d_plugin/apis/study_metrics.py`). The differences are per seed, each arm minus the '
             f'control of the same seed; **bold**: the same sign on every seed.']
         return lines
 

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from ..models.aqr.routing_targets import count_points_in_boxes
 from ..models.dense_heads.query_router import routing_of
 from ..models.utils.camera_geometry import stack_lidar2img
+from .attention_mass import CameraMass, record_camera_mass
 from .decoder_capture import capture_decoder
 from .study_metrics import SampleObservation, camera_meta_of
 
@@ -54,8 +55,8 @@ def sample_indices(dataset: Dataset) -> Dict[str, int]:
 
 
 def observe_batch(dataset: Dataset, indices: Dict[str, int], points: Optional[Sequence[Tensor]],
-                  img_metas: Sequence[dict], results: Sequence[dict],
-                  preds_dicts: Sequence[List[dict]]) -> List[SampleObservation]:
+                  img_metas: Sequence[dict], results: Sequence[dict], preds_dicts: Sequence[List[dict]],
+                  camera_mass: Optional[Tensor] = None) -> List[SampleObservation]:
     """The observations of one tested batch.
 
     Args:
@@ -66,6 +67,8 @@ def observe_batch(dataset: Dataset, indices: Dict[str, int], points: Optional[Se
         img_metas (Sequence[dict]): per sample, with ``sample_idx`` (the token), ``lidar2img``, ``pad_shape``.
         results (Sequence[dict]): per sample ``dict(pts_bbox=dict(boxes_3d, scores_3d, labels_3d))``.
         preds_dicts (Sequence[list[dict]]): the head's output for the batch.
+        camera_mass (Tensor, optional): ``[bs, Q]`` the fused pass's cross-attention mass on the camera keys
+            (:func:`.attention_mass.record_camera_mass`).
 
     Returns:
         list[SampleObservation]: one per sample, on the CPU.
@@ -94,12 +97,15 @@ def observe_batch(dataset: Dataset, indices: Dict[str, int], points: Optional[Se
                 tensor.cpu() for tensor in query_predictions(preds_dicts, sample))
             observation.lidar_weights = routing.lidar_weights[sample].detach().float().cpu()
             observation.camera_weights = routing.camera_weights[sample].detach().float().cpu()
+        if camera_mass is not None:
+            observation.camera_mass = camera_mass[sample].float().cpu()
         observations.append(observation)
     return observations
 
 
 @contextlib.contextmanager
-def record_samples(model: nn.Module, dataset: Dataset) -> Iterator[List[SampleObservation]]:
+def record_samples(model: nn.Module, dataset: Dataset,
+                   attention_mass: bool = False) -> Iterator[List[SampleObservation]]:
     """Within the block, every sample the detector tests adds its :class:`SampleObservation` to the yielded list.
 
     Args:
@@ -107,6 +113,8 @@ def record_samples(model: nn.Module, dataset: Dataset) -> Iterator[List[SampleOb
             ``forward_test`` calls ``simple_test``.
         dataset (Dataset): the dataset whose samples are tested (the ground truth; any
             corruption of its pipeline does not matter, the tokens do).
+        attention_mass (bool): also each query's cross-attention mass on the camera keys in the fused pass
+            (:func:`.attention_mass.record_camera_mass`; dense attention probabilities, slower).
 
     Yields:
         list[SampleObservation]: in test order.
@@ -119,9 +127,11 @@ def record_samples(model: nn.Module, dataset: Dataset) -> Iterator[List[SampleOb
 
     def recording_simple_test(points: Optional[Sequence[Tensor]], img_metas: Sequence[dict],
                               img: Optional[Tensor] = None, rescale: bool = False) -> List[dict]:
-        with capture_decoder(head) as snapshot:
+        with capture_decoder(head) as snapshot, (record_camera_mass(head) if attention_mass
+                                                 else contextlib.nullcontext(CameraMass())) as mass:
             results = simple_test(points, img_metas, img=img, rescale=rescale)
-        observations.extend(observe_batch(dataset, indices, points, img_metas, results, snapshot.preds_dicts))
+        observations.extend(observe_batch(dataset, indices, points, img_metas, results, snapshot.preds_dicts,
+                                          mass.latest))
         return results
 
     detector.simple_test = recording_simple_test

@@ -19,7 +19,11 @@ sample's clean input (:class:`SampleObservation` of both, recorded by
   weights against the object's routing targets (LiDAR: the box still holds
   ``>= min_lidar_points`` points, camera: the centre is in a live view, as
   AQR's per-query targets, ``models/aqr/routing_targets.py``): the fraction on
-  the target's side of 0.5.
+  the target's side of 0.5;
+* **attention on the dead sensor** (with ``camera_mass``): for the same
+  queries, the mean share of their fused cross-attention on the camera keys
+  where no live view sees the object, and on the BEV keys where its box holds
+  too few points: routing that mutes a dead sensor drives it towards 0.
 
 Every function below is a pure function of tensors.
 """
@@ -59,6 +63,8 @@ class SampleObservation:
         query_scores (Tensor, optional): ``[Q, C]`` each query's score per class.
         lidar_weights (Tensor, optional): ``[Q]`` the routing weights the decoder used (AQR only).
         camera_weights (Tensor, optional): ``[Q]``.
+        camera_mass (Tensor, optional): ``[Q]`` each query's cross-attention probability on the camera keys in
+            the fused pass (the rest is on the BEV keys); recorded on request (``--attention-mass``).
     """
 
     token: str
@@ -74,6 +80,7 @@ class SampleObservation:
     query_scores: Optional[Tensor] = None
     lidar_weights: Optional[Tensor] = None
     camera_weights: Optional[Tensor] = None
+    camera_mass: Optional[Tensor] = None
 
     @property
     def has_routing(self) -> bool:
@@ -212,6 +219,10 @@ class ObjectCounts:
     routed_objects: int = 0
     lidar_hits: int = 0
     camera_hits: int = 0
+    dead_camera_objects: int = 0
+    dead_camera_mass: float = 0.0
+    dead_lidar_objects: int = 0
+    dead_lidar_mass: float = 0.0
 
     def __add__(self, other: 'ObjectCounts') -> 'ObjectCounts':
         return ObjectCounts(**{item.name: getattr(self, item.name) + getattr(other, item.name)
@@ -230,6 +241,10 @@ class ObjectMetrics:
         router_accuracy (float, optional): both weights of the routed objects' queries on the targets' side.
         router_lidar_accuracy (float, optional).
         router_camera_accuracy (float, optional).
+        dead_camera_attention (float, optional): mean cross-attention mass on the camera keys of the queries of
+            the routed objects no live view sees (``camera_mass`` recorded).
+        dead_lidar_attention (float, optional): mean mass on the BEV keys of the queries of the routed objects
+            whose box holds fewer than ``min_lidar_points`` points.
         counts (dict): the :class:`ObjectCounts` behind them.
         options (dict): ``score_threshold``, ``max_distance``, ``min_lidar_points``.
     """
@@ -241,11 +256,13 @@ class ObjectMetrics:
     router_accuracy: Optional[float]
     router_lidar_accuracy: Optional[float]
     router_camera_accuracy: Optional[float]
-    counts: Dict[str, int] = field(default_factory=dict)
+    dead_camera_attention: Optional[float] = None
+    dead_lidar_attention: Optional[float] = None
+    counts: Dict[str, float] = field(default_factory=dict)
     options: Dict[str, float] = field(default_factory=dict)
 
 
-def _ratio(numerator: int, denominator: int) -> Optional[float]:
+def _ratio(numerator: float, denominator: int) -> Optional[float]:
     return numerator / denominator if denominator else None
 
 
@@ -290,6 +307,13 @@ def sample_counts(clean: SampleObservation, corrupted: SampleObservation, score_
                            corrupted.gt_points[routed] >= min_lidar_points, visible_after[routed])
         counts.routed_objects = int(routed.sum())
         counts.lidar_hits, counts.camera_hits = (int(value) for value in hits.sum(dim=0))
+        if corrupted.camera_mass is not None:
+            camera_mass = corrupted.camera_mass[query[routed]].double()
+            dead_camera = ~visible_after[routed]
+            dead_lidar = corrupted.gt_points[routed] < min_lidar_points
+            counts.dead_camera_objects, counts.dead_lidar_objects = int(dead_camera.sum()), int(dead_lidar.sum())
+            counts.dead_camera_mass = float(camera_mass[dead_camera].sum())
+            counts.dead_lidar_mass = float((1.0 - camera_mass[dead_lidar]).sum())
     return counts
 
 
@@ -322,6 +346,8 @@ def object_metrics(clean: Sequence[SampleObservation], corrupted: Sequence[Sampl
         router_accuracy=_ratio(total.lidar_hits + total.camera_hits, 2 * routed),
         router_lidar_accuracy=_ratio(total.lidar_hits, routed),
         router_camera_accuracy=_ratio(total.camera_hits, routed),
+        dead_camera_attention=_ratio(total.dead_camera_mass, total.dead_camera_objects),
+        dead_lidar_attention=_ratio(total.dead_lidar_mass, total.dead_lidar_objects),
         counts=vars(total), options=dict(score_threshold=score_threshold, max_distance=max_distance,
                                          min_lidar_points=min_lidar_points))
 

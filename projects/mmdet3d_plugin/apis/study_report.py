@@ -36,7 +36,11 @@ class StudyMetric:
 METRICS = (StudyMetric('mAP', 'mAP'), StudyMetric('NDS', 'NDS'),
            StudyMetric('affected_recall', 'recall at 2 m of the affected objects', in_objects=True),
            StudyMetric('false_positives_per_sample', 'false positives per sample', in_objects=True),
-           StudyMetric('router_accuracy', 'router accuracy against the per-query targets', in_objects=True))
+           StudyMetric('router_accuracy', 'router accuracy against the per-query targets', in_objects=True),
+           StudyMetric('dead_camera_attention', 'cross-attention on the camera keys where no live view sees the '
+                       'object', in_objects=True),
+           StudyMetric('dead_lidar_attention', 'cross-attention on the BEV keys where the object lost its points',
+                       in_objects=True))
 
 
 def spread(values: Sequence[float]) -> Optional[dict]:

@@ -126,3 +126,22 @@ def test_bad_masks_raise():
                key_padding_mask=torch.zeros(BS, K + 1, dtype=torch.bool))
     with pytest.raises(TypeError):
         _cross_attention(unknown_option=1)
+
+
+@pytest.mark.parametrize('mask_kind', ['none', 'float', 'padding'])
+def test_attention_weights_are_nn_multihead_attentions_weights(mask_kind):
+    """attention_weights (for analysis) gives the probabilities forward applies: nn.MultiheadAttention's per head."""
+    module = _cross_attention()
+    twin = _torch_twin(module)
+    query, key, value, query_pos, key_pos = _inputs()
+    attn_mask = torch.randn(Q, K) if mask_kind == 'float' else None
+    key_padding_mask = None
+    if mask_kind == 'padding':
+        key_padding_mask = torch.zeros(BS, K, dtype=torch.bool)
+        key_padding_mask[1, 3:] = True
+    weights = module.attn.attention_weights((query + query_pos).transpose(0, 1), (key + key_pos).transpose(0, 1),
+                                            bias=attn_mask, key_padding_mask=key_padding_mask)
+    expected = twin(query + query_pos, key + key_pos, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                    average_attn_weights=False)[1]
+    assert weights.shape == (BS, HEADS, Q, K)
+    torch.testing.assert_close(weights, expected, rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ from .base import AttentionBackend, AttentionCall, UnsupportedAttentionError
 from .flash_attn import FlashAttnBackend
 from .flashbias import FlashBiasBackend
 from .flex import FlexBackend
-from .math import MathBackend, reference_attention
+from .math import MathBackend, reference_attention, reference_probabilities
 from .sdpa import SdpaBackend
 from .segment import SegmentBackend
 
@@ -20,5 +20,6 @@ BACKENDS = {
 
 __all__ = [
     'AttentionBackend', 'AttentionCall', 'UnsupportedAttentionError', 'BACKENDS', 'MathBackend', 'SdpaBackend',
-    'SegmentBackend', 'FlashBiasBackend', 'FlexBackend', 'FlashAttnBackend', 'reference_attention'
+    'SegmentBackend', 'FlashBiasBackend', 'FlexBackend', 'FlashAttnBackend', 'reference_attention',
+    'reference_probabilities'
 ]

@@ -14,6 +14,30 @@ from torch import Tensor
 from .base import AttentionBackend, AttentionCall, dense_additive_bias
 
 
+def reference_probabilities(q: Tensor, k: Tensor, bias: Optional[Tensor], scale: float) -> Tensor:
+    """The attention probabilities ``softmax(q k^T * scale + bias)`` with a safe softmax, in fp32 (fp64 for fp64 ``q``).
+
+    Args:
+        q (Tensor): ``[bs, heads, Q, d]``.
+        k (Tensor): ``[bs, heads, K, d]``.
+        bias (Tensor, optional): additive, broadcastable to ``[bs, heads, Q, K]`` (``-inf`` blocks a key).
+        scale (float): multiplier of ``q k^T``.
+
+    Returns:
+        Tensor: ``[bs, heads, Q, K]``; rows with every key blocked are 0.
+    """
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
+        if bias is not None:
+            scores = scores + bias.to(dtype)
+        row_max = scores.detach().amax(-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        weights = torch.exp(scores - row_max)
+        total = weights.sum(-1, keepdim=True)
+        return weights / torch.where(total > 0, total, torch.ones_like(total))
+
+
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float,
                         dropout_p: float = 0.0) -> Tensor:
     """Attention in fp32 (in fp64 when ``q`` is fp64: the yardstick of ``tools/check_gpu.py``) with a safe softmax.
@@ -31,19 +55,11 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
         Tensor: ``[bs, heads, Q, d]`` float32, or float64 for float64 ``q`` (also
         under autocast); 0 for rows with every key blocked.
     """
-    dtype = torch.promote_types(q.dtype, torch.float32)
+    probs = reference_probabilities(q, k, bias, scale)
     with torch.autocast(q.device.type, enabled=False):
-        scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
-        if bias is not None:
-            scores = scores + bias.to(dtype)
-        row_max = scores.detach().amax(-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        weights = torch.exp(scores - row_max)
-        total = weights.sum(-1, keepdim=True)
-        probs = weights / torch.where(total > 0, total, torch.ones_like(total))
         if dropout_p > 0:
             probs = F.dropout(probs, p=dropout_p)
-        return torch.matmul(probs, v.to(dtype))
+        return torch.matmul(probs, v.to(probs.dtype))
 
 
 class MathBackend(AttentionBackend):

@@ -20,6 +20,8 @@ from mmcv.cnn.bricks.transformer import MultiheadAttention
 from mmcv.runner.base_module import BaseModule
 from torch import nn
 
+from ...attention.backends.base import dense_additive_bias
+from ...attention.backends.math import reference_probabilities
 from ...attention.dispatch import apply_attention
 
 
@@ -130,6 +132,22 @@ class BiasedMultiheadAttention(nn.Module):
         bs, length, _ = x.shape
         return x.view(bs, length, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def _project(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """``[bs, L, E]`` -> ``[bs, heads, L, head_dim]`` through the q (0), k (1) or v (2) input projection."""
+        weight = self.in_proj_weight.chunk(3)[index]
+        bias = self.in_proj_bias.chunk(3)[index] if self.in_proj_bias is not None else None
+        return self._split_heads(F.linear(x, weight, bias))
+
+    @staticmethod
+    def _checked_padding(key_padding_mask: Optional[torch.Tensor], bs: int,
+                         num_keys: int) -> Optional[torch.Tensor]:
+        if key_padding_mask is None:
+            return None
+        if tuple(key_padding_mask.shape) != (bs, num_keys):
+            raise ValueError(f'key_padding_mask must be [bs, K] = {(bs, num_keys)}, got '
+                             f'{tuple(key_padding_mask.shape)}')
+        return key_padding_mask.bool()
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias=None,
                 key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attend.
@@ -146,25 +164,39 @@ class BiasedMultiheadAttention(nn.Module):
         """
         bs, num_queries, _ = query.shape
         num_keys = key.size(1)
-        weights = self.in_proj_weight.chunk(3)
-        biases = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
-        q = self._split_heads(F.linear(query, weights[0], biases[0]))
-        k = self._split_heads(F.linear(key, weights[1], biases[1]))
-        v = self._split_heads(F.linear(value, weights[2], biases[2]))
-        if key_padding_mask is not None:
-            if tuple(key_padding_mask.shape) != (bs, num_keys):
-                raise ValueError(f'key_padding_mask must be [bs, K] = {(bs, num_keys)}, got '
-                                 f'{tuple(key_padding_mask.shape)}')
-            key_padding_mask = key_padding_mask.bool()
+        q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
         out = apply_attention(
             q, k, v,
             bias=attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
-            key_padding_mask=key_padding_mask,
+            key_padding_mask=self._checked_padding(key_padding_mask, bs, num_keys),
             backend=self.backend,
             dropout_p=self.attn_drop if self.training else 0.0,
             prefer='flashbias' if self.prefer_flashbias else None)
         out = out.transpose(1, 2).reshape(bs, num_queries, self.embed_dim)
         return self.out_proj(out)
+
+    def attention_weights(self, query: torch.Tensor, key: torch.Tensor, bias=None,
+                          key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The attention probabilities :meth:`forward` applies to the same inputs (without dropout), for analysis.
+
+        Dense: materialises ``[bs, heads, Q, K]`` in float32 (float64 for float64 inputs).
+
+        Args:
+            query (Tensor): ``[bs, Q, E]``.
+            key (Tensor): ``[bs, K, E]``.
+            bias (Tensor | AttentionBias | None): see :func:`attn_mask_to_bias`.
+            key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
+
+        Returns:
+            Tensor: ``[bs, heads, Q, K]``, each row summing to 1 (0 where every key is blocked).
+        """
+        bs, num_queries, _ = query.shape
+        num_keys = key.size(1)
+        q, k = self._project(query, 0), self._project(key, 1)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        dense = dense_additive_bias(attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
+                                    self._checked_padding(key_padding_mask, bs, num_keys), dtype)
+        return reference_probabilities(q, k, dense, self.head_dim ** -0.5)
 
 
 @ATTENTION.register_module()
