@@ -23,7 +23,7 @@ import os.path as osp
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Protocol, Sequence
+from typing import Callable, Dict, List, Protocol, Sequence
 
 import mmcv
 from mmcv import Config
@@ -244,9 +244,10 @@ class RobustnessStudy:
         path = self.path(self.options.work_dir, '.study_seconds.json')
         return sum(mmcv.load(path).values()) / 60 if osp.exists(path) else 0.0
 
-    def _timed_run(self, step: str, command: List[str]) -> None:
+    def _timed(self, step: str, action: Callable[[], None]) -> None:
+        """Run ``action`` and keep its wall time as ``step``'s (:meth:`record_seconds`)."""
         start = time.time()
-        self.tools.run(command)
+        action()
         self.record_seconds(step, time.time() - start)
 
     def train(self, arm: StudyArm, seed: int) -> str:
@@ -268,10 +269,9 @@ class RobustnessStudy:
             print(f'  {checkpoint} exists', flush=True)
             return checkpoint
         cfg.dump(self.path(self.config_path(arm, seed)))
-        start = time.time()
-        self.tools.train([self.config_path(arm, seed), '--work-dir', work_dir, '--auto-resume', '--no-validate',
-                          '--seed', str(train_seed)], cfg.get('demo_processes', 1))
-        self.record_seconds(f'train {work_dir}', time.time() - start)
+        arguments = [self.config_path(arm, seed), '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
+                     str(train_seed)]
+        self._timed(f'train {work_dir}', lambda: self.tools.train(arguments, cfg.get('demo_processes', 1)))
         return checkpoint
 
     def _evaluated(self, out_dir: str, arm: StudyArm) -> bool:
@@ -298,11 +298,12 @@ class RobustnessStudy:
         if self._evaluated(out_dir, arm):
             print(f'  {out_dir}/robustness.json has every corruption', flush=True)
         else:
-            self._timed_run(f'evaluate {out_dir}', [
+            command = ([
                 'tools/eval_robustness.py', self.config_path(arm, seed), self.checkpoint(arm, seed), '--out', out_dir,
                 '--routing', arm.test_routing, '--object-metrics', '--score-thr', str(options.score_threshold),
                 '--min-lidar-points', str(options.min_lidar_points)]
                 + ['--attention-mass'] * options.attention_mass + ['--corruptions', *options.corruptions])
+            self._timed(f'evaluate {out_dir}', lambda: self.tools.run(command))
         return {result['corruption']: result for result in mmcv.load(self.path(out_dir, 'robustness.json'))['results']}
 
     def pictures(self) -> Dict[str, List[str]]:
@@ -317,10 +318,10 @@ class RobustnessStudy:
         for corruption in PICTURE_CORRUPTIONS:
             folder = self.picture_dir(corruption)
             if not glob.glob(self.path(folder, '*.png')):
-                self._timed_run(f'pictures {folder}', [
-                    'tools/visualize_aqr.py', self.config_path(arm, seed), self.checkpoint(arm, seed), '--sample',
-                    str(self.options.picture_sample), '--out', folder, '--score-thr', '0.2', '--corruption',
-                    corruption])
+                command = ['tools/visualize_aqr.py', self.config_path(arm, seed), self.checkpoint(arm, seed),
+                           '--sample', str(self.options.picture_sample), '--out', folder, '--score-thr', '0.2',
+                           '--corruption', corruption]
+                self._timed(f'pictures {folder}', lambda: self.tools.run(command))
             names = []
             for source in sorted(glob.glob(self.path(folder, '*.png'))):
                 kind = osp.basename(source)[:-len('.png')].rsplit('_', 1)[-1]  # bev, cameras or bias
@@ -356,7 +357,7 @@ class RobustnessStudy:
                'no live view sees the object, and on the BEV keys where its box lost its points (routing that mutes '
                'a dead sensor takes these towards 0)' if options.attention_mass else '')
             + ' (`projects/mmdet3d_plugin/apis/study_metrics.py`). The differences are per seed, each arm minus the '
-            f'control of the same seed; **bold**: the same sign on every seed.']
+            'control of the same seed; **bold**: the same sign on every seed.']
         return lines
 
     def report(self, runs: Runs, pictures: Dict[str, List[str]]) -> Dict[str, dict]:
