@@ -3,8 +3,8 @@
 # the camera-only model's locality prior on the camera pass, the camera learning aids) whose AQR modules never
 # train. The router stays at its initialisation, so every query of the fused pass trusts both modalities equally
 # (weights 0.9 +- 0.01) and gets the same +4 window bias around its BEV and camera cells (alpha stays at
-# bias_scale): routing off, everything else trains. The study's control trains this config further; its stage-2
-# arms train only the router from its checkpoint (configs/demo/cmt_aqr_synthetic_tiny_passes_stage2*.py).
+# bias_scale): routing off, everything else trains. The study's control trains this config further with the
+# stage-2 corruptions; its routing arms train make demo's config (and its global gate) from its checkpoint.
 _base_ = ['./cmt_aqr_synthetic_tiny_passes.py']
 
 custom_imports = dict(imports=['projects.mmdet3d_plugin.mmcv_custom.freeze_parameters'], allow_failed_imports=False)

@@ -6,7 +6,7 @@ from mmcv import Config
 from mmdet3d.datasets.pipelines import Compose
 from mmdet3d.models import build_model
 
-from projects.mmdet3d_plugin.apis.study_arms import (STUDY_ARMS, TARGET_CORRUPTIONS, StudyArm,
+from projects.mmdet3d_plugin.apis.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm,
                                                      add_train_corruptions, arm_config, set_modality_drop,
                                                      study_arm)
 
@@ -21,7 +21,6 @@ def test_arms_in_table_order_with_their_training_and_routing():
     assert [arm.name for arm in STUDY_ARMS] == ['lidar_only', 'camera_only', 'stage1', 'control', 'global_gate',
                                                 'aqr_targets', 'oracle']
     assert [arm.training for arm in STUDY_ARMS] == ['stage1'] * 3 + ['stage2'] * 3 + ['none']
-    assert [arm.trains for arm in STUDY_ARMS] == ['all'] * 4 + ['router'] * 2 + ['all']
     assert [arm.test_routing for arm in STUDY_ARMS] == ['learned'] * 6 + ['oracle']
     assert [arm.modality_drop for arm in STUDY_ARMS] == [(1.0, 0.0), 'none'] + ['study'] * 5
     assert (study_arm('lidar_only').config == study_arm('control').config == study_arm('stage1').config
@@ -33,8 +32,6 @@ def test_arms_in_table_order_with_their_training_and_routing():
         study_arm('mome')
     with pytest.raises(ValueError, match='training must be one of'):
         StudyArm('x', 'x', 'x', 'x.py', 'stage3')
-    with pytest.raises(ValueError, match='trains must be'):
-        StudyArm('x', 'x', 'x', 'x.py', 'stage2', trains='backbone')
     with pytest.raises(ValueError, match='modality_drop must be'):
         StudyArm('x', 'x', 'x', 'x.py', 'stage2', modality_drop='config')
 
@@ -51,13 +48,21 @@ def test_every_arm_is_the_camera_pass_detector_but_the_camera_only_model():
 @pytest.mark.parametrize('name, generator', [
     ('global_gate', dict(granularity='sample', aux_loss_weight=1.0, query_loss_weight=0.0)),
     ('aqr_targets', dict(granularity='query', aux_loss_weight=0.0, query_loss_weight=1.0))])
-def test_stage2_arms_build_their_router_and_train_only_it(name, generator):
+def test_routing_arms_build_their_router_and_train_every_parameter(name, generator):
     cfg = Config.fromfile(osp.join(REPO_ROOT, study_arm(name).config))
-    (hook, ) = cfg.custom_hooks
-    assert hook.type == 'FreezeParametersHook'
-    assert hook.trainable == ['pts_bbox_head.aqr_weight_generator', 'pts_bbox_head.attention_bias_generator']
+    assert not cfg.get('custom_hooks')  # nothing frozen: detector and router train together, as the control
     router = build_model(cfg.model).pts_bbox_head.aqr_weight_generator
     assert {key: getattr(router, key) for key in generator} == generator
+
+
+def test_every_stage2_arm_trains_with_the_same_corruptions_and_only_the_control_keeps_routing_off():
+    stage2 = [arm for arm in STUDY_ARMS if arm.training == 'stage2']
+    assert [arm.name for arm in stage2] == ['control', 'global_gate', 'aqr_targets']
+    assert all(arm.train_corruptions == STAGE2_CORRUPTIONS for arm in stage2)
+    assert not any(arm.train_corruptions for arm in STUDY_ARMS if arm.training != 'stage2')
+    (hook, ) = Config.fromfile(osp.join(REPO_ROOT, study_arm('control').config)).custom_hooks
+    assert hook.type == 'FreezeParametersHook'
+    assert hook.frozen == ['pts_bbox_head.aqr_weight_generator', 'pts_bbox_head.attention_bias_generator']
 
 
 def test_arm_config_sets_data_epochs_modality_drop_and_the_targets_corruptions(tmp_path):
@@ -72,12 +77,13 @@ def test_arm_config_sets_data_epochs_modality_drop_and_the_targets_corruptions(t
     assert types[types.index('UnifiedObjectSample'):types.index('GlobalRotScaleTransAll')] == [
         'UnifiedObjectSample', 'RandomSensorCorruption', 'ModalMask3D']
     step = cfg.data.train.pipeline[types.index('RandomSensorCorruption')]
-    assert step['corruptions'] == [dict(item) for item in TARGET_CORRUPTIONS]
+    assert step['corruptions'] == [dict(item) for item in STAGE2_CORRUPTIONS]
     assert step['sweep_time_column'] == 4  # the demo's sweeps write their time lag in column 4
     transform = Compose([step]).transforms[0]
-    assert [t.name for t in transform.transforms] == ['object_drop:0.5', 'camera_fail:0.4', 'mixed:120']
-    assert transform.thresholds.tolist() == pytest.approx([0.2, 0.4, 0.6])
-    other = arm_config(study_arm('global_gate'), str(tmp_path), 4, 0.25, 0.25, repo_root=REPO_ROOT)
+    assert [t.name for t in transform.transforms] == ['object_drop:0.5', 'camera_fail:0.4', 'mixed:120',
+                                                      'camera_drop']
+    assert transform.thresholds.tolist() == pytest.approx([0.15, 0.3, 0.45, 0.6])
+    other = arm_config(study_arm('stage1'), str(tmp_path), 12, 0.25, 0.25, repo_root=REPO_ROOT)
     assert 'RandomSensorCorruption' not in _types(other) and other.load_from is None
 
 
@@ -97,4 +103,4 @@ def test_bad_pipelines_and_specs_are_refused():
     with pytest.raises(ValueError, match='no ModalMask3D step: the study'):
         set_modality_drop(cfg, 0.1, 0.4)
     with pytest.raises(ValueError, match='no ModalMask3D step to put the corruptions before'):
-        add_train_corruptions(cfg, TARGET_CORRUPTIONS)
+        add_train_corruptions(cfg, STAGE2_CORRUPTIONS)

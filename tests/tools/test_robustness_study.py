@@ -9,7 +9,7 @@ from projects.mmdet3d_plugin.apis.study_report import METRICS
 from tools import robustness_study as study
 
 AQR_PREFIXES = tuple(f'pts_bbox_head.{name}.' for name in ('aqr_weight_generator', 'attention_bias_generator'))
-ROUTER_ONLY = ('global_gate', 'aqr_targets')
+ROUTING_ARMS = ('global_gate', 'aqr_targets')
 
 
 def test_defaults_are_three_seeds_and_every_corruption_after_clean():
@@ -70,21 +70,22 @@ def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
         for kind in ('bev', 'cameras', 'bias'):
             assert (report / f'study_{tag}_{kind}.png').exists() and f'(study_{tag}_{kind}.png)' in text
 
-    # stage 2 started from stage 1: the router-only arms changed only their AQR modules (BatchNorm statistics
-    # kept), the control changed the detector itself and left the (frozen) AQR modules alone
+    # stage 2 started from stage 1: the routing arms changed the detector and their AQR modules, the control
+    # changed the detector itself and left the (frozen) AQR modules alone
     seed = work / 'seed0'
     stage1 = _weights(seed / 'stage1' / 'epoch_2.pth')
     aqr_keys = {key for key in stage1 if key.startswith(AQR_PREFIXES)}
     assert aqr_keys
-    for name in ROUTER_ONLY:
+    for name in ROUTING_ARMS:
         weights = _weights(seed / name / 'epoch_1.pth')
         changed = {key for key, value in stage1.items() if not torch.equal(weights[key], value)}
-        assert set(weights) == set(stage1) and changed and changed <= aqr_keys, name
+        assert set(weights) == set(stage1) and changed & aqr_keys and changed - aqr_keys, name
     control = _weights(seed / 'control' / 'epoch_1.pth')
     changed = {key for key, value in stage1.items() if not torch.equal(control[key], value)}
     assert changed and not changed & aqr_keys
-    config = (seed / 'aqr_targets' / 'cmt_aqr_synthetic_tiny_passes_stage2.py').read_text()
+    config = (seed / 'aqr_targets' / 'cmt_aqr_synthetic_tiny_passes.py').read_text()
     assert 'RandomSensorCorruption' in config and 'query_loss_weight=1.0' in config
+    assert 'RandomSensorCorruption' in (seed / 'control' / 'cmt_aqr_synthetic_tiny_passes_fixed_routing.py').read_text()
 
     study.main(argv)  # a second run reuses every step
     out = capsys.readouterr().out

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Protocol, Sequence
 import mmcv
 from mmcv import Config
 
-from .study_arms import STUDY_ARMS, StudyArm, arm_config, study_arm
+from .study_arms import STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config, study_arm
 from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
 
 #: The arm every other stage-2 arm starts from (and the oracle evaluates).
@@ -40,11 +40,11 @@ CHART = 'study_chart.png'
 TOTAL_STEPS = 5
 #: The time model of :meth:`RobustnessStudy.plan`, measured on 2 CPU cores with 150 scenes (the previous study's
 #: default run, docs/robustness.md; tool start-up included): minutes per training epoch (stage 1 19.6 min / 12
-#: epochs and the control 5.8 / 4: 1.55 when everything trains; 3.6 / 4 when only the router does) and per
-#: evaluated corruption (1.7 min / 11), scaled with the scenes; the data set and a routing picture are guesses. A
-#: step takes at least a tool's start-up.
+#: epochs and the control 5.8 / 4: 1.55; every stage-2 arm trains every parameter) and per evaluated corruption
+#: (1.7 min / 11), scaled with the scenes; the data set and a routing picture are guesses. A step takes at least a
+#: tool's start-up.
 REFERENCE_SCENES = 150
-EPOCH_MINUTES = dict(all=1.55, router=0.9)
+EPOCH_MINUTES = 1.55
 CORRUPTION_MINUTES = 0.155
 DATA_MINUTES = 3.0
 PICTURE_MINUTES = 0.5
@@ -198,7 +198,7 @@ class RobustnessStudy:
                     continue
                 steps.setdefault(self.checkpoint(arm, seed), StudyStep(
                     f'train {arm.name} ({_epochs(self.epochs(arm))}) -> {self.train_dir(arm, seed)}',
-                    self._estimate(self.epochs(arm) * EPOCH_MINUTES[arm.trains]),
+                    self._estimate(self.epochs(arm) * EPOCH_MINUTES),
                     osp.exists(self.path(self.checkpoint(arm, seed)))))
             for arm in self.arms:
                 out_dir = self.evaluation_dir(arm, seed)
@@ -333,6 +333,7 @@ class RobustnessStudy:
     def intro(self, minutes: float) -> List[str]:
         """The setup paragraph of the report: the run, the data, the arms and the metrics."""
         options = self.options
+        corruptions = ', '.join(f"{item['spec']} {item['prob']}" for item in STAGE2_CORRUPTIONS)
         stage1 = (f'once (seed {options.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 '
                   f'only' if options.shared_stage1 else 'per seed')
         lines = [
@@ -340,7 +341,10 @@ class RobustnessStudy:
             f'on this machine). One synthetic nuScenes set of {options.scenes} scenes x 2 samples (a fifth of the '
             f'scenes for validation); every training with ModalMask3D modality drop (images dropped with probability '
             f'{options.image_drop}, else points with probability {options.lidar_drop}). Stage 1 '
-            f'{_epochs(options.stage1_epochs)}, {stage1}; every stage-2 arm {_epochs(options.stage2_epochs)} from it.',
+            f'{_epochs(options.stage1_epochs)}, {stage1}; every stage-2 arm {_epochs(options.stage2_epochs)} from it, '
+            f'every parameter training (the control\'s router frozen), with the same train-time corruptions '
+            f'(`RandomSensorCorruption`, one per sample or none: '
+            f'{corruptions}).',
             '', 'Arms:', '']
         lines += [f'- **{arm.label}** (`{arm.name}`, `{arm.config}`): {arm.description};' for arm in self.arms]
         lines += [

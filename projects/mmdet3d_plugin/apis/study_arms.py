@@ -6,10 +6,15 @@ order::
     lidar_only   the same detector trained from scratch on black camera views (every point cloud kept)
     camera_only  camera-only CMT (configs/demo/cmt_camera_synthetic_tiny.py) trained from scratch
     stage1       the baseline: the detector with AQR's window bias held fixed (routing off), from scratch
-    control      stage 1 trained further, every parameter it trains, as many iterations as a stage-2 arm
-    global_gate  stage 2, router only: one LiDAR / camera weight per sample, MoME's per-sample label
-    aqr_targets  stage 2, router only: CMT-AQR per query with per-query routing targets and train-time corruptions
+    control      stage 1 trained further with the stage-2 corruptions, routing still off
+    global_gate  stage 2: one LiDAR / camera weight per sample, MoME's per-sample label
+    aqr_targets  stage 2: CMT-AQR per query with per-query routing targets
     oracle       the stage-1 checkpoint, each query's weights replaced at test time by the input's truth
+
+Every stage-2 arm trains every parameter (detector and router) from the
+stage-1 checkpoint for the same epochs with the same train-time corruptions
+(:data:`STAGE2_CORRUPTIONS`), so the control differs from the routing arms
+only in that its router stays frozen.
 
 :func:`arm_config` turns an arm into the mmcv ``Config`` its training runs.
 """
@@ -27,13 +32,16 @@ from ..datasets.pipelines.corruption import parse_corruption
 #: checkpoint for the stage-2 epochs, or none of its own (it evaluates the stage-1 checkpoint).
 TRAININGS = ('stage1', 'stage2', 'none')
 STAGE1_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py'
-STAGE2_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_stage2.py'
+#: make demo's camera-pass CMT-AQR: every parameter trains, the router with per-query routing targets.
+ROUTING_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes.py'
 #: The LiDAR-only model's ModalMask3D: every camera view black, every point cloud kept (docs/demo.md: 0.482 on the
 #: demo data with make demo's recipe).
 LIDAR_ONLY_DROP = (1.0, 0.0)
-#: The train-time corruptions of ``aqr_targets`` (``RandomSensorCorruption``): per-query variation for its targets.
-TARGET_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.2), dict(spec='camera_fail:0.4', prob=0.2),
-                      dict(spec='mixed:120', prob=0.2))
+#: The train-time corruptions of every stage-2 arm (``RandomSensorCorruption``, one of them or none per sample):
+#: per-query variation for the routing targets (boxes without points, dead views, cut sectors) and whole-camera
+#: failures (``camera_drop``, MoME's per-sample label of the global gate).
+STAGE2_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.15), dict(spec='camera_fail:0.4', prob=0.15),
+                      dict(spec='mixed:120', prob=0.15), dict(spec='camera_drop', prob=0.15))
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,6 @@ class StudyArm:
         description (str): what it is, for the report.
         config (str): the config it trains (``training='none'``: the stage-1 config it is evaluated with).
         training (str): one of :data:`TRAININGS`.
-        trains (str): which parameters train, ``'all'`` (everything the config trains) or ``'router'`` (the
-            AQR modules only); sets the time estimate.
         test_routing (str): AQR's routing at test time, ``'learned'`` or ``'oracle'``.
         train_corruptions (tuple[dict]): ``RandomSensorCorruption`` items added to the training pipeline.
         modality_drop (tuple[float, float] | str): the training pipeline's ``ModalMask3D`` (image, points) drop
@@ -60,7 +66,6 @@ class StudyArm:
     description: str
     config: str
     training: str
-    trains: str = 'all'
     test_routing: str = 'learned'
     train_corruptions: Tuple[dict, ...] = ()
     modality_drop: Union[str, Tuple[float, float]] = 'study'
@@ -68,8 +73,6 @@ class StudyArm:
     def __post_init__(self) -> None:
         if self.training not in TRAININGS:
             raise ValueError(f'arm {self.name}: training must be one of {TRAININGS}, got {self.training!r}')
-        if self.trains not in ('all', 'router'):
-            raise ValueError(f"arm {self.name}: trains must be 'all' or 'router', got {self.trains!r}")
         if isinstance(self.modality_drop, str) and self.modality_drop not in ('study', 'none'):
             raise ValueError(f"arm {self.name}: modality_drop must be (image, points), 'study' or 'none', got "
                              f'{self.modality_drop!r}')
@@ -90,17 +93,17 @@ STUDY_ARMS: Tuple[StudyArm, ...] = (
     StudyArm('stage1', 'stage 1', 'make demo\'s camera-pass CMT-AQR (fused and camera passes) with AQR\'s window '
              'bias held fixed: router and alpha frozen at their initialisation, every query trusts LiDAR and camera '
              'equally (weights 0.9 ± 0.01, a +4 window bias), everything else trains', STAGE1_CONFIG, 'stage1'),
-    StudyArm('control', 'control', 'the stage-1 config trained further for the stage-2 iterations (every '
-             'parameter it trains, no routing), so that extra training is not mistaken for routing', STAGE1_CONFIG,
-             'stage2'),
-    StudyArm('global_gate', 'global gate', 'router only, one LiDAR and one camera weight per sample (the router\'s '
-             'logits averaged over the queries) with MoME\'s per-sample label (the modality the sample lost, '
+    StudyArm('control', 'control', 'the stage-1 config trained further for the stage-2 epochs with the stage-2 '
+             'corruptions, every parameter it trains, routing still off: what the extra training and the '
+             'corruptions give without routing', STAGE1_CONFIG, 'stage2', train_corruptions=STAGE2_CORRUPTIONS),
+    StudyArm('global_gate', 'global gate', 'one LiDAR and one camera weight per sample (the router\'s logits '
+             'averaged over the queries) with MoME\'s per-sample label (the modality the sample lost, '
              'aux_loss_weight=1) next to the detection loss',
-             'configs/demo/cmt_aqr_synthetic_tiny_passes_stage2_global_gate.py', 'stage2', trains='router'),
-    StudyArm('aqr_targets', 'CMT-AQR', 'router only, per query, with per-query routing targets (query_loss_weight=1: '
-             'LiDAR = the matched object\'s box keeps >= 5 points, camera = its centre is in a live view) and '
-             'train-time corruptions (object_drop:0.5, camera_fail:0.4, mixed:120, each with probability 0.2)',
-             STAGE2_CONFIG, 'stage2', trains='router', train_corruptions=TARGET_CORRUPTIONS),
+             'configs/demo/cmt_aqr_synthetic_tiny_passes_global_gate.py', 'stage2',
+             train_corruptions=STAGE2_CORRUPTIONS),
+    StudyArm('aqr_targets', 'CMT-AQR', 'per query, with per-query routing targets (query_loss_weight=1: LiDAR = '
+             'the matched object\'s box keeps >= 5 points, camera = its centre is in a live view)', ROUTING_CONFIG,
+             'stage2', train_corruptions=STAGE2_CORRUPTIONS),
     StudyArm('oracle', 'oracle', 'the stage-1 checkpoint with each query\'s weights replaced at test time by the '
              'corrupted input\'s truth (LiDAR 1 where its BEV window holds points, camera 1 where a live view sees '
              'it): the headroom of routing', STAGE1_CONFIG, 'none', test_routing='oracle'),

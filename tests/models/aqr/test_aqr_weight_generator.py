@@ -124,6 +124,18 @@ def test_routing_loss_targets_dropped_modalities_only():
         weights_high, weights_low, metas) == {}
 
 
+def test_a_whole_sensor_corruption_drops_its_modality_for_the_routing_loss():
+    """MoME's per-sample label also holds for a sample whose training corruption removed a whole sensor."""
+    metas = [dict(corruption=dict(name='camera_drop', mode='camera_drop', views=[0, 1])),
+             dict(corruption=dict(name='lidar_drop', mode='lidar_drop')),
+             dict(corruption=dict(name='camera_fail:0.4', mode='camera_fail', views=[1])),
+             dict(corruption=None, dropped_modalities=['image']),
+             dict(corruption=dict(name='camera_drop', mode='camera_drop'), dropped_modalities=['image'])]
+    lidar_dropped, camera_dropped = modality_drop_flags(metas, torch.device('cpu'))
+    assert lidar_dropped.tolist() == [False, True, False, False, False]
+    assert camera_dropped.tolist() == [True, False, False, True, True]
+
+
 def _generator(**options):
     torch.manual_seed(0)
     generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,

@@ -7,22 +7,27 @@ averaged over queries and over the dropped ``(sample, modality)`` pairs.
 Samples with nothing dropped carry no target. The flags are read from
 ``img_meta[DROPPED_MODALITIES_KEY]``, a collection of ``ModalMask3D``'s
 ``mask_modal`` names (``'points'``, ``'image'``); a missing key means nothing
-was dropped.
+was dropped. A whole-sensor ``SensorCorruption`` (``lidar_drop``,
+``camera_drop`` in ``img_meta['corruption']``, e.g. from the training
+pipeline's ``RandomSensorCorruption``) drops its modality just the same.
 """
 from typing import Mapping, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from ...datasets.pipelines.corruption import CORRUPTION_KEY
 from ...utils.host_data import host_to_device
 
 #: img_meta key listing the modalities ModalMask3D dropped for the sample.
 DROPPED_MODALITIES_KEY = 'dropped_modalities'
 MODALITY_NAMES = ('points', 'image')
+#: The ``SensorCorruption`` modes that remove a whole modality, and the modality each removes.
+DROPPING_CORRUPTIONS = {'lidar_drop': 'points', 'camera_drop': 'image'}
 
 
 def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> Tuple[Tensor, Tensor]:
-    """Which samples had their LiDAR / camera input dropped.
+    """Which samples had their LiDAR / camera input dropped (by ``ModalMask3D`` or a whole-sensor corruption).
 
     Args:
         img_metas (Sequence[Mapping]): one dict per sample.
@@ -38,6 +43,9 @@ def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> T
         if unknown:
             raise ValueError(f"img_metas[{i}]['{DROPPED_MODALITIES_KEY}'] has unknown modalities {sorted(unknown)}; "
                              f'expected a subset of {MODALITY_NAMES}')
+        corruption = meta.get(CORRUPTION_KEY) or {}
+        if corruption.get('mode') in DROPPING_CORRUPTIONS:
+            dropped.add(DROPPING_CORRUPTIONS[corruption['mode']])
         lidar.append('points' in dropped)
         camera.append('image' in dropped)
     return host_to_device(lidar, device, torch.bool), host_to_device(camera, device, torch.bool)
