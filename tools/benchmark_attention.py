@@ -28,6 +28,7 @@ import torch
 from projects.mmdet3d_plugin.apis.attention_benchmark import BenchmarkOptions, run_attention_benchmark
 from projects.mmdet3d_plugin.apis.attention_benchmark_tables import benchmark_report
 from projects.mmdet3d_plugin.apis.attention_cases import DTYPES, KEY_LAYOUTS, SEGMENT_WITH_RECOMPUTE
+from projects.mmdet3d_plugin.attention.backends.segment.window_slots import FORMULATION_NAMES, set_formulation
 
 DEFAULTS = BenchmarkOptions()
 
@@ -69,13 +70,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='repeat each call in a timed sample until it lasts about this long (default 0: one '
                         'call; --crossover: 20), so that sub-millisecond calls are timed above the clock noise')
     parser.add_argument('--seed', type=int, default=DEFAULTS.seed)
+    parser.add_argument('--slot-formulation', choices=FORMULATION_NAMES,
+                        help="the window slot products of the local bias and the router's window attention on "
+                             "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
+                             'kernels, CUDA only)')
     parser.add_argument('--out', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
-    options = BenchmarkOptions(**{key: value for key, value in vars(args).items() if key != 'out'})
+    if args.slot_formulation:
+        set_formulation(args.device, args.slot_formulation)
+    options = BenchmarkOptions(**{key: value for key, value in vars(args).items()
+                                  if key not in ('out', 'slot_formulation')})
     command = ' '.join(['tools/benchmark_attention.py'] + list(sys.argv[1:] if argv is None else argv))
     result = run_attention_benchmark(options, command)
     print()

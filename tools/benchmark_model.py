@@ -29,6 +29,8 @@ from mmcv import DictAction
 from projects.mmdet3d_plugin.apis.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
                                                           run_model_benchmark)
 from projects.mmdet3d_plugin.apis.model_benchmark_tables import markdown_tables
+from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATION_NAMES, default_formulation,
+                                                                              set_formulation)
 
 DEFAULTS = ModelBenchmarkOptions()
 
@@ -62,6 +64,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help=f'small inputs and grids for a smoke run ({TINY}); explicit options win')
     parser.add_argument('--memory', choices=('auto', 'none'), default=DEFAULTS.memory,
                         help='peak memory: auto (CUDA allocator stats, or a separate CPU process) or none')
+    parser.add_argument('--slot-formulation', choices=FORMULATION_NAMES,
+                        help="the window slot products of the local bias and the router's window attention on "
+                             "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
+                             'kernels, CUDA only)')
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.warmup < 0 or (args.boxes is not None and args.boxes < 1):
@@ -73,8 +79,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
-    report = run_model_benchmark(ModelBenchmarkOptions(**{k: v for k, v in vars(args).items() if k != 'out'}))
-    report['settings']['out'] = args.out
+    if args.slot_formulation:
+        set_formulation(args.device, args.slot_formulation)
+    report = run_model_benchmark(ModelBenchmarkOptions(**{k: v for k, v in vars(args).items()
+                                                          if k not in ('out', 'slot_formulation')}))
+    report['settings'].update(out=args.out, slot_formulation=default_formulation(args.device))
     print('\n' + markdown_tables(report['results']))
     if args.out:
         with open(args.out, 'w') as f:

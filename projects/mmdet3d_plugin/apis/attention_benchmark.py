@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..attention import UnsupportedAttentionError, select_backend
+from ..attention.backends.segment.window_slots import default_formulation
 from .attention_cases import (BASELINE, KEY_LAYOUTS, SEGMENT_WITH_RECOMPUTE, build_bias_factors, build_inputs,
                               make_bias, measure_peak_memory, num_keys, run_case)
 from .process_memory import memory_in_subprocess
@@ -293,14 +294,15 @@ def run_attention_benchmark(options: BenchmarkOptions, command: str = '') -> dic
 
     Returns:
         dict: ``meta`` (torch, device, dtype, threads, memory, repeats,
-        command, gpu), ``auto`` (:func:`auto_choices`), ``attention``
+        command, the window slot formulation, gpu), ``auto`` (:func:`auto_choices`), ``attention``
         (:func:`benchmark_group` records), ``construction``
         (:func:`benchmark_construction` records) and, with ``crossover``,
         ``crossover`` (:func:`crossover_row` rows).
     """
     options = options.resolved()
     meta = dict(torch=torch.__version__, device=options.device, dtype=options.dtype, threads=torch.get_num_threads(),
-                memory=options.memory, repeats=options.repeats, command=command)
+                memory=options.memory, repeats=options.repeats, command=command,
+                slot_formulation=default_formulation(options.device))
     if options.device == 'cuda':
         meta['gpu'] = torch.cuda.get_device_name()
     print(f'# attention benchmark: {meta}', flush=True)

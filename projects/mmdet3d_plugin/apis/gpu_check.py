@@ -15,7 +15,9 @@ run; :func:`failure_summary` names every failure:
    (:func:`error_floor`; float32 at VoV's 56 400 keys on an H200: 1.0e-5 in
    dq, where the specification asks 1e-5). A backend that refuses a case
    (``UnsupportedAttentionError``) is reported, not failed; ``auto`` itself
-   must run every case.
+   must run every case. The local biases also run ``segment`` with the window
+   slot formulations that are not the device's default
+   (:data:`EXTRA_SLOT_FORMULATIONS`: the fused Triton kernels on CUDA).
 2. **alpha** (:func:`check_alpha_gradients`). ``AttentionBiasGenerator``
    (global and local bias) builds the bias from random AQR weights and
    projections; the gradient of its learned ``alpha`` through ``auto``
@@ -31,6 +33,8 @@ run; :func:`failure_summary` names every failure:
    CMT-AQR tables of :mod:`.model_benchmark`, R50 and VoV shapes, inference
    and training step.
 """
+import contextlib
+import importlib.util
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -38,6 +42,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ..attention import AttentionBias, UnsupportedAttentionError, apply_attention
+from ..attention.backends.segment.window_slots import formulation_override
 from ..models.aqr import AttentionBiasGenerator
 from .attention_benchmark import BenchmarkOptions, run_attention_benchmark
 from .attention_benchmark_tables import benchmark_report
@@ -54,6 +59,9 @@ AUTO_CANDIDATES = {'cuda': ('auto', 'segment', 'flashbias', 'sdpa'), 'cpu': ('au
 #: a backend may err up to this many times PyTorch's own bias-free SDPA on the same inputs (:func:`error_floor`)
 FLOOR_FACTOR = 2.0
 BIAS_KINDS = ('none', 'global', 'local', 'both')
+#: window slot formulations checked besides the device's default, as ``segment`` rows of the local biases
+#: (``attention/backends/segment/window_slots.py``; 'triton' where the triton package is installed)
+EXTRA_SLOT_FORMULATIONS = {'cuda': ('triton', ), 'cpu': ('gather', )}
 
 
 @dataclass
@@ -169,17 +177,31 @@ def check_accuracy(options: GpuCheckOptions) -> List[str]:
             print(f'| {layout} | {dtype} | | PyTorch SDPA without bias (floor) | tolerance max({TOLERANCES[dtype]}, '
                   f'{FLOOR_FACTOR} x {floor:.1e}) | {floor:.1e} |', flush=True)
             for kind in BIAS_KINDS:
-                for backend in AUTO_CANDIDATES[torch.device(options.device).type]:
+                for backend, formulation in _accuracy_rows(options.device, kind):
+                    label = backend if formulation is None else f'{backend} ({formulation} window slots)'
                     case = _case(layout, options.queries, kind, dtype, options.device, backend)
                     try:
-                        result, worst = check_accuracy_case(case, floor)
+                        with (contextlib.nullcontext() if formulation is None
+                              else formulation_override(options.device, formulation)):
+                            result, worst = check_accuracy_case(case, floor)
                     except Exception as error:  # a crash is a failure of this case; go on with the others
                         print(traceback.format_exc(), flush=True)
                         result, worst = f'FAILED: {type(error).__name__}: {error}', float('nan')
-                    print(f'| {layout} | {dtype} | {kind} | {backend} | {result} | {worst:.1e} |', flush=True)
+                    print(f'| {layout} | {dtype} | {kind} | {label} | {result} | {worst:.1e} |', flush=True)
                     if result.startswith('FAILED'):
-                        failures.append(f'accuracy {layout} {dtype} {kind} {backend}: {result}')
+                        failures.append(f'accuracy {layout} {dtype} {kind} {label}: {result}')
     return failures
+
+
+def _accuracy_rows(device: str, kind: str) -> List[Tuple[str, Optional[str]]]:
+    """(backend, window slot formulation or None for the default) of the accuracy table's rows of a bias kind."""
+    device_type = torch.device(device).type
+    rows = [(backend, None) for backend in AUTO_CANDIDATES[device_type]]
+    if kind in ('local', 'both'):
+        extra = [name for name in EXTRA_SLOT_FORMULATIONS.get(device_type, ())
+                 if name != 'triton' or importlib.util.find_spec('triton') is not None]
+        rows += [('segment', name) for name in extra]
+    return rows
 
 
 def check_alpha_gradients(options: GpuCheckOptions) -> List[str]:

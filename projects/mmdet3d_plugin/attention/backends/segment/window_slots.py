@@ -9,7 +9,7 @@ over them, for all samples and heads at once:
 * :meth:`SlotPattern.weighted_sum`: ``out[q] = sum_j w[q, j] x[index[q, j]]``;
 * :meth:`SlotPattern.scatter_add_`: ``out[k] += sum_{(q, j): index[q, j] = k} w[q, j] a[q]``.
 
-Two formulations compute them (``formulation=``, default per device type in
+Three formulations compute them (``formulation=``, default per device type in
 :data:`FORMULATIONS`):
 
 * ``'sparse'`` (the CPU's): ``dot`` is a batched ``torch.sparse.sampled_addmm``
@@ -41,23 +41,60 @@ Two formulations compute them (``formulation=``, default per device type in
   shapes are functions of ``(bs, heads, Q, L, K, d)``: no host
   synchronisation, no data-dependent shape.
 
-Both formulations compute the same sums up to float32 rounding (tested
+* ``'triton'`` (chosen only when asked for: ``formulation='triton'`` or
+  ``FORMULATIONS['cuda'] = 'triton'``; not yet timed on a GPU): the fused
+  kernels of :mod:`.slot_kernels`, which load the slots' rows by index inside
+  one program per block of queries and reduce them in registers, so no
+  gathered block is written at all; ``scatter_add_`` skips dead slots with a
+  mask instead of routing them. CUDA tensors, or CPU tensors under Triton's
+  interpreter (``TRITON_INTERPRET=1``, how the CPU tests run them).
+
+The formulations compute the same sums up to float32 rounding (tested
 against each other, and the whole ``segment`` backend with the ``'gather'``
-formulation forced on the CPU against ``math``). All products run in float32.
+and ``'triton'`` formulations forced on the CPU against ``math``). All
+products run in float32.
 """
+import contextlib
+import os
 import warnings
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 #: formulation of the products per device type; a device type not listed takes ``'gather'``. Tests force
-#: ``'gather'`` on the CPU through it, and a GPU benchmark can set ``'cuda': 'sparse'`` for the old products
+#: ``'gather'`` / ``'triton'`` on the CPU through it, and a GPU benchmark can set ``'cuda': 'sparse'`` for the old
+#: products or ``'cuda': 'triton'`` for the fused kernels (``tools/benchmark_attention.py --slot-formulation``)
 FORMULATIONS = {'cpu': 'sparse'}
+#: the formulations :class:`SlotPattern` knows
+FORMULATION_NAMES = ('sparse', 'gather', 'triton')
 #: most elements of one gathered ``[bs, heads, chunk * L, d]`` float32 block of the ``'gather'`` formulation
 #: (2^25: 128 MiB); the queries are processed in chunks of at least one query that stay within it
 GATHER_MAX_ELEMENTS = 2**25
+
+
+def set_formulation(device: torch.device, formulation: str) -> None:
+    """Make ``formulation`` the default of ``device``'s type (``tools/benchmark_*.py --slot-formulation``)."""
+    if formulation not in FORMULATION_NAMES:
+        raise ValueError(f'formulation must be one of {FORMULATION_NAMES}, got {formulation!r}')
+    FORMULATIONS[torch.device(device).type] = formulation
+
+
+@contextlib.contextmanager
+def formulation_override(device: torch.device, formulation: str) -> Iterator[None]:
+    """Within the block, ``formulation`` is the default of ``device``'s type (restored afterwards)."""
+    device_type = torch.device(device).type
+    missing = object()
+    previous = FORMULATIONS.get(device_type, missing)
+    set_formulation(device, formulation)
+    try:
+        yield
+    finally:
+        if previous is missing:
+            del FORMULATIONS[device_type]
+        else:
+            FORMULATIONS[device_type] = previous
 
 
 def default_formulation(device: torch.device) -> str:
@@ -78,8 +115,8 @@ class SlotPattern:
             which is what the ``'sparse'`` formulation relies on; the
             ``'gather'`` formulation also zeroes their weights and routes them
             away from the key their index names (see the module docstring).
-        formulation (str, optional): ``'sparse'`` or ``'gather'``; default
-            :func:`default_formulation` of the index's device.
+        formulation (str, optional): one of :data:`FORMULATION_NAMES`;
+            default :func:`default_formulation` of the index's device.
     """
 
     def __init__(self, index: Tensor, num_keys: int, num_heads: int, valid: Optional[Tensor] = None,
@@ -88,8 +125,11 @@ class SlotPattern:
         self.num_keys, self.num_heads = num_keys, num_heads
         self.valid = valid
         self.formulation = default_formulation(index.device) if formulation is None else formulation
-        if self.formulation not in ('sparse', 'gather'):
-            raise ValueError(f"formulation must be 'sparse' or 'gather', got {self.formulation!r}")
+        if self.formulation not in FORMULATION_NAMES:
+            raise ValueError(f'formulation must be one of {FORMULATION_NAMES}, got {self.formulation!r}')
+        if self.formulation == 'triton' and index.device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
+            raise ValueError(f"the 'triton' slot products run on CUDA tensors, or on the CPU under Triton's "
+                             f'interpreter (TRITON_INTERPRET=1); got {index.device.type} tensors')
         self._csr = self._bags = self._inverse = self._spread = None
         if self.formulation == 'sparse':
             bs, num_queries, length = index.shape
@@ -136,6 +176,8 @@ class SlotPattern:
         the same products (tested against each other on the CPU). Invalid
         slots get ``a . x[index]`` like any other: callers mask them.
         """
+        if self.formulation == 'triton':
+            return _slot_kernels().slot_dot(self.index, a, x, scale)
         a = a.float() * scale if scale != 1.0 else a.float()
         if self._csr is None:
             return self.gathered_dot(a, x)
@@ -157,6 +199,8 @@ class SlotPattern:
     def weighted_sum(self, weights: Tensor, x: Tensor) -> Tensor:
         """``sum_j weights[..., q, j] x[..., index[q, j], :]`` -> ``[bs, heads, Q, d]``."""
         bs, heads, num_queries, length = weights.shape
+        if self.formulation == 'triton':
+            return _slot_kernels().slot_weighted_sum(self.index, self.valid, weights, x)
         if self.formulation == 'gather':
             weights = self._live_weights(weights.float())
             return _cat_queries([
@@ -175,6 +219,9 @@ class SlotPattern:
             a (Tensor): ``[bs, heads, Q, d]``.
             alpha (float): multiplier.
         """
+        if self.formulation == 'triton':
+            _slot_kernels().slot_scatter_add_(self.index, self.valid, target, weights, a, alpha)
+            return
         if self.formulation == 'gather':
             self._gathered_scatter_add_(target, weights, a, alpha)
             return
@@ -238,6 +285,16 @@ class SlotPattern:
             index = self.routed_index(chunk, start, end).flatten(2)[..., None].expand(-1, -1, -1, dim)
             contributions = (chunk[..., None] * a[:, :, start:end, None]).flatten(2, 3)
             target.scatter_add_(2, index, contributions)
+
+
+def _slot_kernels():
+    """:mod:`.slot_kernels`, imported on first use (it imports Triton, a CUDA extra)."""
+    try:
+        from . import slot_kernels
+    except ImportError as error:
+        raise ImportError(f"the 'triton' slot products need the triton package (installed with CUDA builds of "
+                          f'torch): {error}') from error
+    return slot_kernels
 
 
 def _cat_queries(chunks: List[Tensor]) -> Tensor:

@@ -1,0 +1,61 @@
+"""The ``'triton'`` formulation of the window slot products (issue 37's fused kernels) equals the CPU one.
+
+Triton's interpreter runs its kernels on CPU tensors, but only when
+``TRITON_INTERPRET=1`` is set before Triton is first imported, which the
+package does (through torch's FlexAttention): the checks live in
+``triton_interpreter_checks.py`` and run here in a pytest process of their
+own with the variable set. What only a GPU can tell (compilation for the
+device, speed) is left to ``tools/benchmark_attention.py --slot-formulation
+triton`` (docs/attention.md).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+#: the checks of triton_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
+NUM_CHECKS = 7
+
+
+@pytest.mark.slow(seconds=40)
+def test_triton_kernels_equal_the_reference_under_the_interpreter():
+    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    result = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
+                             os.path.join(HERE, 'triton_interpreter_checks.py')], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert f'{NUM_CHECKS} passed' in result.stdout, result.stdout[-2000:]
+
+
+def test_triton_formulation_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    index = torch.zeros(1, 2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="'triton' slot products run on CUDA tensors, or on the CPU under"):
+        SlotPattern(index, 4, 1, formulation='triton')
+    with pytest.raises(ValueError, match='formulation must be one of'):
+        SlotPattern(index, 4, 1, formulation='embedding_bag')
+
+
+def test_formulation_override_is_restored_and_names_are_checked():
+    from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATIONS, default_formulation,
+                                                                                  formulation_override)
+    cuda = torch.device('cuda')
+    assert 'cuda' not in FORMULATIONS and default_formulation(cuda) == 'gather'
+    with formulation_override(cuda, 'triton'):
+        assert default_formulation(cuda) == 'triton'
+    assert 'cuda' not in FORMULATIONS and default_formulation(cuda) == 'gather'
+    with pytest.raises(RuntimeError, match='inside'):
+        with formulation_override('cpu', 'gather'):
+            assert default_formulation(torch.device('cpu')) == 'gather'
+            raise RuntimeError('inside')
+    assert FORMULATIONS['cpu'] == 'sparse'
+    with pytest.raises(ValueError, match='formulation must be one of'):
+        with formulation_override('cpu', 'embedding_bag'):
+            pass
