@@ -66,3 +66,19 @@ def _seed_everything():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def slot_formulations_used(monkeypatch) -> List[str]:
+    """The formulation of every ``SlotPattern.weighted_sum`` call during the test (window slot products,
+    ``attention/backends/segment/window_slots.py``): which formulation really ran."""
+    from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+    used: List[str] = []
+    original = SlotPattern.weighted_sum
+
+    def recording(self, *args, **kwargs):
+        used.append(self.formulation)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlotPattern, 'weighted_sum', recording)
+    return used

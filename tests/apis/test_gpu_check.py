@@ -44,23 +44,15 @@ def test_failure_summary_names_every_failure():
                                                      '  training: step 0 failed: E']
 
 
-def test_accuracy_table_runs_the_other_window_slot_formulations_on_the_local_biases(capsys, monkeypatch):
+def test_accuracy_table_runs_the_other_window_slot_formulations_on_the_local_biases(capsys, slot_formulations_used):
     """On the CPU the local biases get a ``segment`` row with the 'gather' products (CUDA: the Triton kernels),
     which really run through them, and the default formulation is restored afterwards."""
     from projects.mmdet3d_plugin.attention.backends.segment import window_slots
-    used = []
-    original = window_slots.SlotPattern.weighted_sum
-
-    def recording(self, *args, **kwargs):
-        used.append(self.formulation)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(window_slots.SlotPattern, 'weighted_sum', recording)
     options = gpu_check.GpuCheckOptions(device='cpu', layouts=['quick'], queries=12, dtypes=['float32'])
     assert gpu_check.check_accuracy(options) == []
     rows = [line for line in capsys.readouterr().out.splitlines() if '(gather window slots)' in line]
     assert [row.split(' | ')[2] for row in rows] == ['local', 'both'] and all('| ok |' in row for row in rows)
-    assert 'gather' in used and window_slots.default_formulation(torch.device('cpu')) == 'sparse'
+    assert 'gather' in slot_formulations_used and window_slots.default_formulation(torch.device('cpu')) == 'sparse'
     assert [backend for backend, _ in gpu_check._accuracy_rows('cuda', 'local')][-1] == 'segment'
     assert gpu_check._accuracy_rows('cuda', 'local')[-1][1] == 'triton'
     assert all(formulation is None for _, formulation in gpu_check._accuracy_rows('cuda', 'global'))

@@ -66,53 +66,71 @@ def _split_heads(t):
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-@pytest.mark.parametrize('queries_per_chunk', [None, 1, 3])
-@pytest.mark.parametrize('table_dtype', [torch.float32, torch.float16])
-def test_gather_products_equal_the_sparse_ones(cases, monkeypatch, queries_per_chunk, table_dtype):
-    """dot, weighted_sum and scatter_add_: one chunk, one query per chunk, and chunks with a shorter last one."""
+def check_products_against_sparse(cases, formulation, table_dtype, before_each=None):
+    """dot, weighted_sum and scatter_add_ of ``formulation`` against ``'sparse'`` on the :func:`_patterns`, with
+    strided ``table_dtype`` tables and weights expanded over the heads; ``before_each(pattern)`` runs first."""
     heads, dim = 3, 5
     for name, index, valid, num_keys in _patterns(cases):
         bs, num_queries, length = index.shape
-        if queries_per_chunk is not None:
-            monkeypatch.setattr(window_slots, 'GATHER_MAX_ELEMENTS', queries_per_chunk * bs * heads * length * dim)
         sparse = SlotPattern(index, num_keys, heads)
-        gather = SlotPattern(index, num_keys, heads, valid=valid, formulation='gather')
-        assert (sparse.formulation, gather.formulation) == ('sparse', 'gather')
-        chunks = gather._chunks(heads, dim)
-        assert len(chunks) == (1 if queries_per_chunk is None else math.ceil(num_queries / queries_per_chunk))
-        assert chunks[-1][1] == num_queries
+        other = SlotPattern(index, num_keys, heads, valid=valid, formulation=formulation)
+        assert (sparse.formulation, other.formulation) == ('sparse', formulation)
+        if before_each is not None:
+            before_each(other)
         a = torch.randn(bs, heads, num_queries, dim)
         x = _split_heads(torch.randn(bs, heads, num_keys, dim)).to(table_dtype)
-        weights = torch.randn(bs, heads, num_queries, length) * valid[:, None]  # what every caller passes
+        # what every caller passes: invalid slots zeroed; one bias head expanded over the heads
+        weights = torch.randn(bs, 1, num_queries, length).expand(-1, heads, -1, -1) * valid[:, None]
         for product, expected, actual in [
-            ('dot', sparse.dot(a, x, 0.3), gather.dot(a, x, 0.3)),
-            ('weighted_sum', sparse.weighted_sum(weights, x), gather.weighted_sum(weights, x)),
+            ('dot', sparse.dot(a, x, 0.3), other.dot(a, x, 0.3)),
+            ('weighted_sum', sparse.weighted_sum(weights, x), other.weighted_sum(weights, x)),
         ]:
             assert actual.dtype == torch.float32 and actual.shape == expected.shape, (name, product)
             assert _relative(actual, expected) <= PRODUCT_TOLERANCE, (name, product, table_dtype)
         start = _split_heads(torch.randn(bs, heads, num_keys, dim))
         expected, actual = start.clone(), start.clone()
         sparse.scatter_add_(expected, weights, a, alpha=0.7)
-        gather.scatter_add_(actual, weights, a, alpha=0.7)
+        other.scatter_add_(actual, weights, a, alpha=0.7)
         assert _relative(actual - start, expected - start) <= PRODUCT_TOLERANCE, (name, 'scatter_add_')
 
 
-def test_gather_products_ignore_the_weights_of_invalid_slots(cases):
-    """With ``valid`` the gather formulation adds nothing for an invalid slot, whatever its weight (even NaN)."""
+@pytest.mark.parametrize('queries_per_chunk', [None, 1, 3])
+@pytest.mark.parametrize('table_dtype', [torch.float32, torch.float16])
+def test_gather_products_equal_the_sparse_ones(cases, monkeypatch, queries_per_chunk, table_dtype):
+    """dot, weighted_sum and scatter_add_: one chunk, one query per chunk, and chunks with a shorter last one."""
+    heads, dim = 3, 5
+
+    def check_chunks(pattern):
+        bs, num_queries, length = pattern.index.shape
+        if queries_per_chunk is not None:
+            monkeypatch.setattr(window_slots, 'GATHER_MAX_ELEMENTS', queries_per_chunk * bs * heads * length * dim)
+        chunks = pattern._chunks(heads, dim)
+        assert len(chunks) == (1 if queries_per_chunk is None else math.ceil(num_queries / queries_per_chunk))
+        assert chunks[-1][1] == num_queries
+
+    check_products_against_sparse(cases, 'gather', table_dtype, check_chunks)
+
+
+def check_invalid_slot_weights_ignored(cases, formulation):
+    """With ``valid``, ``formulation`` adds nothing for an invalid slot, whatever its weight (even NaN)."""
     heads, dim = 2, 4
     for name, index, valid, num_keys in _patterns(cases):
         bs, num_queries, length = index.shape
         sparse = SlotPattern(index, num_keys, heads)
-        gather = SlotPattern(index, num_keys, heads, valid=valid, formulation='gather')
+        other = SlotPattern(index, num_keys, heads, valid=valid, formulation=formulation)
         a, x = torch.randn(bs, heads, num_queries, dim), torch.randn(bs, heads, num_keys, dim)
         weights = torch.randn(bs, heads, num_queries, length)
         garbage = weights.masked_fill(~valid[:, None], float('nan'))
         clean = weights * valid[:, None]
-        assert _relative(gather.weighted_sum(garbage, x), sparse.weighted_sum(clean, x)) <= PRODUCT_TOLERANCE, name
+        assert _relative(other.weighted_sum(garbage, x), sparse.weighted_sum(clean, x)) <= PRODUCT_TOLERANCE, name
         expected, actual = torch.zeros(bs, heads, num_keys, dim), torch.zeros(bs, heads, num_keys, dim)
         sparse.scatter_add_(expected, clean, a)
-        gather.scatter_add_(actual, garbage, a)
+        other.scatter_add_(actual, garbage, a)
         assert _relative(actual, expected) <= PRODUCT_TOLERANCE, name
+
+
+def test_gather_products_ignore_the_weights_of_invalid_slots(cases):
+    check_invalid_slot_weights_ignored(cases, 'gather')
 
 
 def test_slots_that_add_nothing_are_spread_over_the_keys(cases):
@@ -182,19 +200,23 @@ def test_segment_backend_with_the_gather_formulation_on_strided_and_padded_keys(
     assert gather_on_cpu
 
 
-def test_segment_backend_gives_the_same_result_with_either_formulation(cases, monkeypatch):
-    """The two formulations inside the whole backend agree far below the tolerance against math."""
+def check_segment_backend_formulations_agree(cases, monkeypatch, formulation):
+    """``formulation`` and ``'sparse'`` inside the whole backend agree far below the tolerance against math."""
     q, k, v = cases.make_qkv(scale_scores=2.0)
     bias, leaves = cases.make_bias('segment+window', bias_heads=3)
     inputs = [q, k, v] + leaves
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
     results = {}
-    for formulation in ('sparse', 'gather'):
-        monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', formulation)
+    for name in ('sparse', formulation):
+        monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', name)
         out = apply_attention(q, k, v, bias, backend='segment')
-        results[formulation] = [out] + list(torch.autograd.grad(out, inputs, grad_out))
-    for i, (sparse, gather) in enumerate(zip(results['sparse'], results['gather'])):
-        assert _relative(gather, sparse) <= 1e-6, i
+        results[name] = [out] + list(torch.autograd.grad(out, inputs, grad_out))
+    for i, (sparse, other) in enumerate(zip(results['sparse'], results[formulation])):
+        assert _relative(other, sparse) <= 1e-6, i
+
+
+def test_segment_backend_gives_the_same_result_with_either_formulation(cases, monkeypatch):
+    check_segment_backend_formulations_agree(cases, monkeypatch, 'gather')
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -226,10 +248,9 @@ def test_gather_formulation_traces_on_fake_cuda_without_embedding_bag(dtype):
         assert pattern.formulation == 'gather' and pattern.valid is not None
 
 
-@pytest.mark.parametrize('attn_drop', [0.0, 0.3])
-def test_local_window_attention_gives_the_same_result_with_either_formulation(monkeypatch, attn_drop):
+def check_local_window_attention_formulations_agree(monkeypatch, formulation, attn_drop=0.0):
     """The AQR local window attention (``models/aqr/local_window.py``, a pattern without ``valid``: the slots it
-    gives weight 0, invalid or dropped, are routed by their weight) with either formulation."""
+    gives weight 0, invalid or dropped, add nothing) with ``formulation`` and ``'sparse'``."""
     from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention, window_token_index
     bs, num_queries, dims, grid = 2, 9, 16, (5, 6)
     torch.manual_seed(0)
@@ -243,11 +264,16 @@ def test_local_window_attention_gives_the_same_result_with_either_formulation(mo
     query, key, value = (torch.randn(bs, n, dims, requires_grad=True) for n in (num_queries, 30, 30))
     inputs = [query, key, value] + list(module.parameters())
     results = {}
-    for formulation in ('sparse', 'gather'):
-        monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', formulation)
+    for name in ('sparse', formulation):
+        monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', name)
         torch.manual_seed(1)  # the same dropout draw
         out = module(query, key, value, index, valid)
-        results[formulation] = [out] + list(torch.autograd.grad(out.square().sum(), inputs))
+        results[name] = [out] + list(torch.autograd.grad(out.square().sum(), inputs))
     # k_proj.bias's gradient is 0 up to rounding (a softmax is invariant to a shift of all its scores): absolute
-    for i, (sparse, gather) in enumerate(zip(results['sparse'], results['gather'])):
-        torch.testing.assert_close(gather, sparse, rtol=1e-6, atol=1e-6, msg=f'output / gradient {i}')
+    for i, (sparse, other) in enumerate(zip(results['sparse'], results[formulation])):
+        torch.testing.assert_close(other, sparse, rtol=1e-6, atol=1e-6, msg=f'output / gradient {i}')
+
+
+@pytest.mark.parametrize('attn_drop', [0.0, 0.3])
+def test_local_window_attention_gives_the_same_result_with_either_formulation(monkeypatch, attn_drop):
+    check_local_window_attention_formulations_agree(monkeypatch, 'gather', attn_drop)

@@ -30,20 +30,12 @@ def test_quick_run_reports_each_backend(tmp_path, capsys):
     assert "auto picks 'segment' for the global bias" in text
 
 
-def test_slot_formulation_switch_runs_the_local_bias_through_it(monkeypatch):
+def test_slot_formulation_switch_runs_the_local_bias_through_it(monkeypatch, slot_formulations_used):
     """``--slot-formulation gather`` on the CPU: the segment backend's window products take it, the meta says so."""
     from projects.mmdet3d_plugin.attention.backends.segment import window_slots
     monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', 'sparse')  # restored after the test
-    used = []
-    original = window_slots.SlotPattern.weighted_sum
-
-    def recording(self, *args, **kwargs):
-        used.append(self.formulation)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(window_slots.SlotPattern, 'weighted_sum', recording)
     result = benchmark_attention.main(['--quick', '--biases', 'local', '--passes', 'fwd', '--repeats', '1',
                                        '--backends', 'segment', '--no-construction', '--memory', 'none',
                                        '--slot-formulation', 'gather'])
     assert result['meta']['slot_formulation'] == 'gather'
-    assert used and set(used) == {'gather'}
+    assert slot_formulations_used and set(slot_formulations_used) == {'gather'}
