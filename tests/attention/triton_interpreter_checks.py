@@ -27,8 +27,12 @@ if os.environ.get('TRITON_INTERPRET') != '1':
     raise RuntimeError('run with TRITON_INTERPRET=1 (test_window_slots_triton.py does)')
 
 
-@pytest.mark.parametrize('table_dtype', [torch.float32, torch.float16])
-def test_triton_products_equal_the_sparse_ones(cases, table_dtype):
+@pytest.mark.parametrize('table_dtype, slots_per_program', [(torch.float32, None), (torch.float16, 4)])
+def test_triton_products_equal_the_sparse_ones(cases, monkeypatch, table_dtype, slots_per_program):
+    """One slot group per program (the patterns have 9 and 50 slots), and groups of 4 with a shorter last one."""
+    if slots_per_program is not None:
+        from projects.mmdet3d_plugin.attention.backends.segment import slot_kernels
+        monkeypatch.setattr(slot_kernels, 'SLOTS_PER_PROGRAM', slots_per_program)
     check_products_against_sparse(cases, 'triton', table_dtype)
 
 

@@ -1,9 +1,11 @@
 """Triton kernels of the three slot products of :class:`~.window_slots.SlotPattern` (its ``'triton'`` formulation).
 
 One program per (sample, head, block of ``BLOCK_Q`` queries) loops over the
-``L`` slots: it loads each slot's key index, then the ``[BLOCK_Q, d]`` rows of
-the key table the indices name, straight from the table's own strides and
-dtype, and reduces them in float32 registers. No gathered ``[Q, L, d]`` block
+slots (for ``dot`` and ``scatter_add_``, whose slots are independent, over one
+group of ``SLOTS_PER_PROGRAM`` of them, for more programs): it loads each
+slot's key index, then the ``[BLOCK_Q, d]`` rows of the key table the indices
+name, straight from the table's own strides and dtype, and reduces them in
+float32 registers. No gathered ``[Q, L, d]`` block
 is written (the ``'gather'`` formulation writes one per chunk of queries), no
 table is copied, every shape is a function of the call's shapes:
 
@@ -33,12 +35,14 @@ from torch import Tensor
 
 #: queries per program
 BLOCK_Q = 32
+#: slots per program of ``dot`` and ``scatter_add_`` (the grid's third axis covers the rest)
+SLOTS_PER_PROGRAM = 64
 
 
 @triton.jit
 def _dot_kernel(a_ptr, x_ptr, index_ptr, out_ptr, heads, num_queries, length, dim, scale,
                 sa_b, sa_h, sa_q, sa_d, sx_b, sx_h, sx_k, sx_d, si_b, si_q, si_l, so_b, so_h, so_q, so_l,
-                BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+                SLOTS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     table = tl.program_id(0)
     b, h = table // heads, table % heads
     queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -47,7 +51,8 @@ def _dot_kernel(a_ptr, x_ptr, index_ptr, out_ptr, heads, num_queries, length, di
     cells = rows[:, None] & (dims < dim)[None, :]
     a = tl.load(a_ptr + b * sa_b + h * sa_h + queries[:, None] * sa_q + dims[None, :] * sa_d, mask=cells,
                 other=0.0).to(tl.float32)
-    for j in range(length):
+    first = tl.program_id(2) * SLOTS
+    for j in range(first, tl.minimum(first + SLOTS, length)):
         key = tl.load(index_ptr + b * si_b + queries * si_q + j * si_l, mask=rows, other=0).to(tl.int64)
         x = tl.load(x_ptr + b * sx_b + h * sx_h + key[:, None] * sx_k + dims[None, :] * sx_d, mask=cells,
                     other=0.0).to(tl.float32)
@@ -82,7 +87,8 @@ def _weighted_sum_kernel(w_ptr, x_ptr, index_ptr, valid_ptr, out_ptr, heads, num
 @triton.jit
 def _scatter_add_kernel(target_ptr, w_ptr, a_ptr, index_ptr, valid_ptr, heads, num_queries, length, dim, alpha,
                         st_b, st_h, st_k, st_d, sw_b, sw_h, sw_q, sw_l, sa_b, sa_h, sa_q, sa_d, si_b, si_q, si_l,
-                        sv_b, sv_q, sv_l, HAS_VALID: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+                        sv_b, sv_q, sv_l, HAS_VALID: tl.constexpr, SLOTS: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
     table = tl.program_id(0)
     b, h = table // heads, table % heads
     queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -90,7 +96,8 @@ def _scatter_add_kernel(target_ptr, w_ptr, a_ptr, index_ptr, valid_ptr, heads, n
     rows = queries < num_queries
     a = tl.load(a_ptr + b * sa_b + h * sa_h + queries[:, None] * sa_q + dims[None, :] * sa_d,
                 mask=rows[:, None] & (dims < dim)[None, :], other=0.0).to(tl.float32) * alpha
-    for j in range(length):
+    first = tl.program_id(2) * SLOTS
+    for j in range(first, tl.minimum(first + SLOTS, length)):
         slot = b * si_b + queries * si_q + j * si_l
         live = rows
         if HAS_VALID:
@@ -102,8 +109,9 @@ def _scatter_add_kernel(target_ptr, w_ptr, a_ptr, index_ptr, valid_ptr, heads, n
                       w[:, None] * a, mask=live[:, None] & (dims < dim)[None, :])
 
 
-def _grid(bs: int, heads: int, num_queries: int) -> tuple:
-    return (bs * heads, triton.cdiv(num_queries, BLOCK_Q))
+def _grid(bs: int, heads: int, num_queries: int, length: int = SLOTS_PER_PROGRAM) -> tuple:
+    """(sample x head, query block, slot group); one slot group unless ``length`` is given."""
+    return (bs * heads, triton.cdiv(num_queries, BLOCK_Q), triton.cdiv(length, SLOTS_PER_PROGRAM))
 
 
 def _block_d(dim: int) -> int:
@@ -125,9 +133,9 @@ def slot_dot(index: Tensor, a: Tensor, x: Tensor, scale: float) -> Tensor:
     bs, num_queries, length = index.shape
     heads, dim = a.size(1), a.size(-1)
     out = torch.empty((bs, heads, num_queries, length), dtype=torch.float32, device=a.device)
-    _dot_kernel[_grid(bs, heads, num_queries)](
+    _dot_kernel[_grid(bs, heads, num_queries, length)](
         a, x, index, out, heads, num_queries, length, dim, float(scale), *a.stride(), *x.stride(), *index.stride(),
-        *out.stride(), BLOCK_Q=BLOCK_Q, BLOCK_D=_block_d(dim))
+        *out.stride(), SLOTS=SLOTS_PER_PROGRAM, BLOCK_Q=BLOCK_Q, BLOCK_D=_block_d(dim))
     return out
 
 
@@ -171,10 +179,10 @@ def slot_scatter_add_(index: Tensor, valid: Optional[Tensor], target: Tensor, we
     bs, num_queries, length = index.shape
     heads, dim = a.size(1), a.size(-1)
     valid_bytes = _valid_bytes(valid, index)
-    _scatter_add_kernel[_grid(bs, heads, num_queries)](
+    _scatter_add_kernel[_grid(bs, heads, num_queries, length)](
         target, weights, a, index, valid_bytes, heads, num_queries, length, dim, float(alpha), *target.stride(),
         *weights.stride(), *a.stride(), *index.stride(), *valid_bytes.stride(), HAS_VALID=valid is not None,
-        BLOCK_Q=BLOCK_Q, BLOCK_D=_block_d(dim))
+        SLOTS=SLOTS_PER_PROGRAM, BLOCK_Q=BLOCK_Q, BLOCK_D=_block_d(dim))
 
 
 def _valid_bytes(valid: Optional[Tensor], index: Tensor) -> Tensor:
