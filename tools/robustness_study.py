@@ -6,10 +6,11 @@
 Arms (``projects/mmdet3d_plugin/apis/study_arms.py``), all on ``make demo``'s
 camera-pass detector but the camera-only model: a LiDAR-only and a camera-only
 model (the same data and schedule), stage 1 (the detector with AQR's window
-bias fixed: routing off), the control (stage 1 trained further), a global gate
-(one weight pair per sample, MoME's label), CMT-AQR (per-query router with
-per-query routing targets and train-time corruptions) and the oracle (stage 1
-with the input's truth as routing). Each evaluated clean and under every corruption of
+bias fixed: routing off), the control (stage 1 trained further with the
+stage-2 corruptions, routing still off), a global gate (one weight pair per
+sample, MoME's label), CMT-AQR (per-query router with per-query routing
+targets; every stage-2 arm trains detector and router with the same
+corruptions) and the oracle (CMT-AQR with the input's truth as routing). Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
 (``apis/study_metrics.py``); ``study.md`` / ``study.json`` / the chart

@@ -92,11 +92,11 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     # seed by seed: seed 0's seven evaluations come before seed 1's first training
     seed1_training = tools.commands.index(trained[6])
     assert [tools.commands.index(c) < seed1_training for c in evaluations] == [True] * 7 + [False] * 7
-    oracle = evaluations[6]
-    assert oracle[1:3] == [f'{work}/seed0/stage1/cmt_aqr_synthetic_tiny_passes_fixed_routing.py',
-                           f'{work}/seed0/stage1/epoch_2.pth']
+    oracle = evaluations[6]  # the final router's checkpoint (CMT-AQR's), the weights replaced by the truth
+    assert oracle[1:3] == [f'{work}/seed0/aqr_targets/cmt_aqr_synthetic_tiny_passes.py',
+                           f'{work}/seed0/aqr_targets/epoch_1.pth']
     assert oracle[oracle.index('--routing') + 1] == 'oracle' and oracle[oracle.index('--out') + 1].endswith(
-        'stage1/robustness_oracle')
+        'seed0/aqr_targets/robustness_oracle')
     assert all('--object-metrics' in c and c[-len(CORRUPTIONS):] == CORRUPTIONS for c in evaluations)
     # the report: one row per corruption, every arm, differences from the control
     assert list(summary) == CORRUPTIONS
@@ -121,29 +121,34 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
 
 
 def test_shared_stage1_is_trained_and_evaluated_once(tmp_path):
-    arms = [study_arm(name) for name in ('lidar_only', 'stage1', 'control', 'oracle')]
+    arms = [study_arm(name) for name in ('lidar_only', 'stage1', 'control', 'aqr_targets', 'oracle')]
     study = _study(tmp_path, arms=arms, shared_stage1=True)
     study.run()
     work = str(tmp_path / 'work')
     trained = [c[c.index('--work-dir') + 1] for c in study.tools.commands if c[0] == 'tools/train.py']
     assert trained == [f'{work}/seed0/lidar_only', f'{work}/seed0/stage1', f'{work}/seed0/control',
-                       f'{work}/seed1/control']
+                       f'{work}/seed0/aqr_targets', f'{work}/seed1/control', f'{work}/seed1/aqr_targets']
     evaluated = [c[c.index('--out') + 1] for c in study.tools.commands if c[0] == 'tools/eval_robustness.py']
-    # the arms trained from scratch and the oracle once, for both seeds
+    # the arms trained from scratch once, the stage-2 arms and the oracle (of CMT-AQR's checkpoint) per seed
     assert evaluated == [f'{work}/seed0/lidar_only/robustness', f'{work}/seed0/stage1/robustness',
-                         f'{work}/seed0/control/robustness', f'{work}/seed0/stage1/robustness_oracle',
-                         f'{work}/seed1/control/robustness']
-    assert not (tmp_path / 'out' / 'study_mixed_120_bev.png').exists()  # no CMT-AQR + targets to draw
+                         f'{work}/seed0/control/robustness', f'{work}/seed0/aqr_targets/robustness',
+                         f'{work}/seed0/aqr_targets/robustness_oracle', f'{work}/seed1/control/robustness',
+                         f'{work}/seed1/aqr_targets/robustness', f'{work}/seed1/aqr_targets/robustness_oracle']
+
+
+def test_an_arm_that_evaluates_another_needs_that_arm(tmp_path):
+    with pytest.raises(ValueError, match="arm oracle evaluates the checkpoint of 'aqr_targets', which is not an arm"):
+        _study(tmp_path, arms=[study_arm(name) for name in ('stage1', 'control', 'oracle')])
 
 
 def test_an_evaluation_with_other_object_metric_options_is_redone(tmp_path):
-    arms = [study_arm(name) for name in ('stage1', 'control', 'oracle')]
+    arms = [study_arm(name) for name in ('stage1', 'control', 'aqr_targets', 'oracle')]
     study = _study(tmp_path, arms=arms, seeds=[0])
     study.run()
     tools = study.tools
     count = len(tools.commands)
     _study(tmp_path, tools, arms=arms, seeds=[0], score_threshold=0.5).run()
-    assert len([c for c in tools.commands[count:] if c[0] == 'tools/eval_robustness.py']) == 3
+    assert len([c for c in tools.commands[count:] if c[0] == 'tools/eval_robustness.py']) == 4
     assert not [c for c in tools.commands[count:] if c[0] == 'tools/train.py']
 
 
@@ -171,8 +176,8 @@ def test_default_plan_fits_the_budget_and_lists_every_step(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f'estimated {total / 60:.1f} h' in out and 'exceeds' not in out
     shared = _study(tmp_path, shared_stage1=True, **default).plan()
-    # the three models trained from scratch and their evaluations (the oracle's too) once
-    assert len(shared) == 1 + 12 + 13 + 1 and sum(step.minutes for step in shared) < total - 100
+    # the three models trained from scratch and their evaluations once; the oracle evaluates each seed's CMT-AQR
+    assert len(shared) == 1 + 12 + 15 + 1 and sum(step.minutes for step in shared) < total - 100
 
 
 def test_options_are_checked(tmp_path):

@@ -6,7 +6,7 @@ from mmcv import Config
 from mmdet3d.datasets.pipelines import Compose
 from mmdet3d.models import build_model
 
-from projects.mmdet3d_plugin.apis.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm,
+from projects.mmdet3d_plugin.apis.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, checkpoint_arm,
                                                      add_train_corruptions, arm_config, set_modality_drop,
                                                      study_arm)
 
@@ -24,14 +24,22 @@ def test_arms_in_table_order_with_their_training_and_routing():
     assert [arm.test_routing for arm in STUDY_ARMS] == ['learned'] * 6 + ['oracle']
     assert [arm.modality_drop for arm in STUDY_ARMS] == [(1.0, 0.0), 'none'] + ['study'] * 5
     assert (study_arm('lidar_only').config == study_arm('control').config == study_arm('stage1').config
-            == study_arm('oracle').config == 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py')
+            == 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py')
     assert not study_arm('oracle').is_trained and study_arm('aqr_targets').is_trained
+    # the oracle evaluates the final router's checkpoint with its config
+    assert checkpoint_arm(study_arm('oracle')) == study_arm('aqr_targets')
+    assert study_arm('oracle').config == study_arm('aqr_targets').config
+    assert checkpoint_arm(study_arm('control')) == study_arm('control')
     for arm in STUDY_ARMS:
         assert osp.exists(osp.join(REPO_ROOT, arm.config)), arm.config
     with pytest.raises(ValueError, match="no study arm 'mome'"):
         study_arm('mome')
     with pytest.raises(ValueError, match='training must be one of'):
         StudyArm('x', 'x', 'x', 'x.py', 'stage3')
+    with pytest.raises(ValueError, match='exactly when it trains none of its own'):
+        StudyArm('x', 'x', 'x', 'x.py', 'none')
+    with pytest.raises(ValueError, match='exactly when it trains none of its own'):
+        StudyArm('x', 'x', 'x', 'x.py', 'stage2', evaluates='stage1')
     with pytest.raises(ValueError, match='modality_drop must be'):
         StudyArm('x', 'x', 'x', 'x.py', 'stage2', modality_drop='config')
 

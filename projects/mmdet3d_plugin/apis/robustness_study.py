@@ -9,7 +9,7 @@ Steps, each skipped when its output is there (a second run continues):
 3. per seed, right after its trainings (so that a study stopped half-way has
    whole seeds), every arm evaluated clean and under every corruption, with the
    object metrics (``tools/eval_robustness.py --object-metrics``; the oracle:
-   the stage-1 checkpoint with ``--routing oracle``);
+   CMT-AQR's checkpoint with ``--routing oracle``);
 4. AQR routing pictures of one validation sample of the first seed's
    :data:`PICTURE_ARM` (``tools/visualize_aqr.py``);
 5. ``study.md``, ``study.json`` and the chart (:mod:`.study_report`).
@@ -28,10 +28,10 @@ from typing import Callable, Dict, List, Protocol, Sequence
 import mmcv
 from mmcv import Config
 
-from .study_arms import STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config, study_arm
+from .study_arms import STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config, checkpoint_arm, study_arm
 from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
 
-#: The arm every other stage-2 arm starts from (and the oracle evaluates).
+#: The arm every stage-2 arm starts from.
 STAGE1 = 'stage1'
 #: The arm whose routing is drawn, and the corruptions it is drawn under (object failure, mixed failure).
 PICTURE_ARM = 'aqr_targets'
@@ -139,6 +139,11 @@ class RobustnessStudy:
         if options.corruptions[:1] != ['clean']:
             raise ValueError(f'the corruptions must start with clean (the object metrics compare with it), got '
                              f'{options.corruptions}')
+        names = [arm.name for arm in arms]
+        for arm in arms:
+            if not arm.is_trained and arm.evaluates not in names:
+                raise ValueError(f'arm {arm.name} evaluates the checkpoint of {arm.evaluates!r}, which is not an arm '
+                                 f'of this study ({names})')
         self.options = options
         self.tools = tools
         self.repo_root = repo_root
@@ -155,23 +160,25 @@ class RobustnessStudy:
         return osp.join(self.repo_root, *parts)
 
     def train_dir(self, arm: StudyArm, seed: int) -> str:
-        """The work dir of ``arm``'s training for ``seed`` (the oracle's: stage 1's; with ``shared_stage1`` every
-        arm trained from scratch is trained once, for the first seed)."""
+        """The work dir of ``arm``'s training for ``seed`` (an arm without training: that of the arm it evaluates;
+        with ``shared_stage1`` every arm trained from scratch is trained once, for the first seed)."""
+        arm = checkpoint_arm(arm)
         if arm.training == 'stage2':
             return osp.join(self.options.work_dir, f'seed{seed}', arm.name)
         scratch_seed = self.options.seeds[0] if self.options.shared_stage1 else seed
-        return osp.join(self.options.work_dir, f'seed{scratch_seed}', STAGE1 if arm.training == 'none' else arm.name)
+        return osp.join(self.options.work_dir, f'seed{scratch_seed}', arm.name)
 
     def epochs(self, arm: StudyArm) -> int:
-        """The epochs of ``arm``'s training (the oracle: stage 1's)."""
+        """The epochs of ``arm``'s training (an arm without training: those of the arm it evaluates)."""
+        arm = checkpoint_arm(arm)
         return self.options.stage2_epochs if arm.training == 'stage2' else self.options.stage1_epochs
 
     def checkpoint(self, arm: StudyArm, seed: int) -> str:
         return osp.join(self.train_dir(arm, seed), f'epoch_{self.epochs(arm)}.pth')
 
     def config_path(self, arm: StudyArm, seed: int) -> str:
-        """The config its training dumped (the oracle: stage 1's)."""
-        return osp.join(self.train_dir(arm, seed), osp.basename(arm.config))
+        """The config its training dumped (an arm without training: that of the arm it evaluates)."""
+        return osp.join(self.train_dir(arm, seed), osp.basename(checkpoint_arm(arm).config))
 
     def picture_dir(self, corruption: str) -> str:
         """Where ``tools/visualize_aqr.py`` draws :data:`PICTURE_ARM` (first seed) under ``corruption``."""

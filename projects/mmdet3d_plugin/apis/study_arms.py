@@ -9,7 +9,7 @@ order::
     control      stage 1 trained further with the stage-2 corruptions, routing still off
     global_gate  stage 2: one LiDAR / camera weight per sample, MoME's per-sample label
     aqr_targets  stage 2: CMT-AQR per query with per-query routing targets
-    oracle       the stage-1 checkpoint, each query's weights replaced at test time by the input's truth
+    oracle       CMT-AQR's checkpoint, each query's weights replaced at test time by the input's truth
 
 Every stage-2 arm trains every parameter (detector and router) from the
 stage-1 checkpoint for the same epochs with the same train-time corruptions
@@ -29,7 +29,7 @@ from ..datasets.data_root_config import retarget_data_root
 from ..datasets.pipelines.corruption import parse_corruption
 
 #: How an arm gets its checkpoint: trained from scratch for the stage-1 epochs, trained from the stage-1
-#: checkpoint for the stage-2 epochs, or none of its own (it evaluates the stage-1 checkpoint).
+#: checkpoint for the stage-2 epochs, or none of its own (it evaluates another arm's checkpoint).
 TRAININGS = ('stage1', 'stage2', 'none')
 STAGE1_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing.py'
 #: make demo's camera-pass CMT-AQR: every parameter trains, the router with per-query routing targets.
@@ -52,13 +52,14 @@ class StudyArm:
         name (str): key in tables, JSON and work dirs.
         label (str): column title.
         description (str): what it is, for the report.
-        config (str): the config it trains (``training='none'``: the stage-1 config it is evaluated with).
+        config (str): the config it trains (``training='none'``: the config of the arm it evaluates).
         training (str): one of :data:`TRAININGS`.
         test_routing (str): AQR's routing at test time, ``'learned'`` or ``'oracle'``.
         train_corruptions (tuple[dict]): ``RandomSensorCorruption`` items added to the training pipeline.
         modality_drop (tuple[float, float] | str): the training pipeline's ``ModalMask3D`` (image, points) drop
             probabilities; ``'study'``: the study's options; ``'none'``: the config has no such step (a model
             without one of the sensors).
+        evaluates (str, optional): ``training='none'`` only: the trained arm whose checkpoint it evaluates.
     """
 
     name: str
@@ -69,10 +70,15 @@ class StudyArm:
     test_routing: str = 'learned'
     train_corruptions: Tuple[dict, ...] = ()
     modality_drop: Union[str, Tuple[float, float]] = 'study'
+    evaluates: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.training not in TRAININGS:
             raise ValueError(f'arm {self.name}: training must be one of {TRAININGS}, got {self.training!r}')
+        if (self.training == 'none') != (self.evaluates is not None):
+            raise ValueError(f"arm {self.name}: an arm evaluates another arm's checkpoint (evaluates=...) exactly "
+                             f"when it trains none of its own (training='none'), got training={self.training!r}, "
+                             f'evaluates={self.evaluates!r}')
         if isinstance(self.modality_drop, str) and self.modality_drop not in ('study', 'none'):
             raise ValueError(f"arm {self.name}: modality_drop must be (image, points), 'study' or 'none', got "
                              f'{self.modality_drop!r}')
@@ -104,9 +110,10 @@ STUDY_ARMS: Tuple[StudyArm, ...] = (
     StudyArm('aqr_targets', 'CMT-AQR', 'per query, with per-query routing targets (query_loss_weight=1: LiDAR = '
              'the matched object\'s box keeps >= 5 points, camera = its centre is in a live view)', ROUTING_CONFIG,
              'stage2', train_corruptions=STAGE2_CORRUPTIONS),
-    StudyArm('oracle', 'oracle', 'the stage-1 checkpoint with each query\'s weights replaced at test time by the '
+    StudyArm('oracle', 'oracle', 'CMT-AQR\'s checkpoint with each query\'s weights replaced at test time by the '
              'corrupted input\'s truth (LiDAR 1 where its BEV window holds points, camera 1 where a live view sees '
-             'it): the headroom of routing', STAGE1_CONFIG, 'none', test_routing='oracle'),
+             'it): the headroom of the final router', ROUTING_CONFIG, 'none', test_routing='oracle',
+             evaluates='aqr_targets'),
 )
 #: The arm every paired difference is taken against.
 REFERENCE_ARM = 'control'
@@ -118,6 +125,11 @@ def study_arm(name: str) -> StudyArm:
         if arm.name == name:
             return arm
     raise ValueError(f'no study arm {name!r}; the arms are {[arm.name for arm in STUDY_ARMS]}')
+
+
+def checkpoint_arm(arm: StudyArm) -> StudyArm:
+    """The arm whose checkpoint ``arm`` is evaluated with: itself, or the arm it ``evaluates``."""
+    return arm if arm.is_trained else study_arm(arm.evaluates)
 
 
 def set_modality_drop(cfg: Config, image_drop: float, lidar_drop: float) -> None:
