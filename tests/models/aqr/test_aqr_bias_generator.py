@@ -164,3 +164,38 @@ def test_a_float64_generator_builds_its_bias_in_float64():
     assert bias.dtype == torch.float64
     expected = weights_to_bias(weights[..., None].expand(1, 4, 2), generator.bias_scale.detach())
     assert torch.allclose(bias, expected[None, :, None], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize('num_dn', [0, 3])
+def test_mute_term_lowers_every_key_of_a_routed_away_modality(num_dn):
+    """``mute_scale``: the local windows plus ``-beta * (1 - w)`` on all keys of each modality; DN queries none;
+    beta learns; a weight of 0 takes the modality out of the attention."""
+    bs, num_queries = 2, 5
+    info = _projection(bs, num_queries)
+    lidar, camera = torch.rand(bs, num_queries), torch.rand(bs, num_queries)
+    plain = AttentionBiasGenerator(window_size=3, bias_scale=0.7)
+    muted = AttentionBiasGenerator(window_size=3, bias_scale=0.7, mute_scale=2.5)
+    assert 'mute_scale' not in dict(plain.named_parameters()) and 'mute' in repr(muted)
+    window = plain(lidar, camera, info, BEV_SHAPE, CAMERA_SHAPE, num_dn_queries=num_dn).to_dense()[:, 0]
+    bias = muted(lidar, camera, info, BEV_SHAPE, CAMERA_SHAPE, num_dn_queries=num_dn)
+    assert {type(part) for part in bias.parts} == {WindowBias, SegmentBias}
+    mute = bias.to_dense()[:, 0] - window
+    assert torch.all(mute[:, :num_dn] == 0), 'DN queries get no mute term'
+    assert torch.allclose(mute[:, num_dn:, :NUM_BEV], (-2.5 * (1 - lidar))[..., None].expand(-1, -1, NUM_BEV))
+    assert torch.allclose(mute[:, num_dn:, NUM_BEV:],
+                          (-2.5 * (1 - camera))[..., None].expand(-1, -1, NUM_KEYS - NUM_BEV))
+    bias.to_dense().sum().backward()
+    assert muted.mute_scale.grad is not None and muted.mute_scale.grad != 0
+    # a strong mute with a camera weight of 0 leaves (almost) no attention on the camera keys
+    strong = AttentionBiasGenerator(window_size=3, bias_scale=0.7, mute_scale=50.0)
+    heads, dim = 2, 8
+    q, k = torch.randn(bs, heads, num_queries, dim), torch.randn(bs, heads, NUM_KEYS, dim)
+    v = torch.zeros(bs, heads, NUM_KEYS, dim)
+    v[:, :, NUM_BEV:] = 1.0
+    out = apply_attention(q, k, v, bias=strong(torch.ones(bs, num_queries), torch.zeros(bs, num_queries), info,
+                                               BEV_SHAPE, CAMERA_SHAPE), backend='math')
+    assert out.abs().max() < 1e-6
+    with pytest.raises(ValueError, match='the global bias'):
+        AttentionBiasGenerator(use_local_bias=False, mute_scale=1.0)
+    with pytest.raises(ValueError, match='mute_scale must be >= 0'):
+        AttentionBiasGenerator(mute_scale=-1.0)

@@ -13,7 +13,12 @@ with LiDAR weight ``w_l`` and camera weight ``w_c`` gets the biases
   sees it), ``decay = max(0, 1 - d / (window_size / 2))`` with ``d`` the
   Euclidean distance in cells; 0 elsewhere, and no camera bias for a query
   visible in no camera. A :class:`WindowBias` on two :class:`KeyGrid` s
-  (:func:`local_window_bias`, shared with ``CmtImageHead``'s ``camera_window_prior``).
+  (:func:`local_window_bias`, shared with ``CmtImageHead``'s ``camera_window_prior``);
+* with ``mute_scale`` (local bias only), a mute term next to the windows:
+  ``-beta * (1 - w_l)`` on every BEV key and ``-beta * (1 - w_c)`` on every
+  camera key (a two-segment :class:`SegmentBias`, ``beta`` learned from
+  ``mute_scale``): a query that routes a modality away (weight towards 0)
+  lowers all of that modality's keys, not only its window, towards a mask.
 
 Nothing ``[Q, K]``-sized is built here: the attention backends apply the
 structured bias (``AttentionBias.to_dense`` exists for the reference path).
@@ -153,6 +158,10 @@ class AttentionBiasGenerator(BaseModule):
         learned_mapping (bool): per modality, learn a residual MLP on the
             weight -> bias mapping (:class:`WeightToBiasMLP`). Default: False.
         mapping_hidden_dims (int): hidden width of that MLP. Default: 16.
+        mute_scale (float, optional): with the local bias, add the mute term
+            ``-beta * (1 - w)`` on every key of each modality, ``beta`` a
+            learned parameter starting at ``mute_scale`` (see the module
+            docstring). Default: None (no mute term, no parameter).
         bias_strength, bev_feature_shape, pers_feature_shape: the design
             notes' keys; refused with the form to use instead
             (``design_note_keys.py``).
@@ -171,6 +180,7 @@ class AttentionBiasGenerator(BaseModule):
                  num_layers: int = 6,
                  learned_mapping: bool = False,
                  mapping_hidden_dims: int = 16,
+                 mute_scale: Optional[float] = None,
                  bias_strength: Optional[float] = None,
                  bev_feature_shape: Optional[Sequence[int]] = None,
                  pers_feature_shape: Optional[Sequence[int]] = None,
@@ -198,6 +208,15 @@ class AttentionBiasGenerator(BaseModule):
             self.head_scale = nn.Parameter(torch.ones(self.num_heads))
         self.mapping = (nn.ModuleList([WeightToBiasMLP(mapping_hidden_dims) for _ in range(2)])
                         if learned_mapping else None)
+        if mute_scale is not None:
+            if not use_local_bias:
+                raise ValueError('mute_scale adds a mute term to the local bias; the global bias '
+                                 '(use_local_bias=False) already biases every key of a modality')
+            if mute_scale < 0:
+                raise ValueError(f'mute_scale must be >= 0 (a weight of 0 lowers the keys), got {mute_scale}')
+            self.mute_scale = nn.Parameter(torch.tensor(float(mute_scale)))
+        else:
+            self.mute_scale = None
 
     def modality_biases(self, lidar_weights: Tensor, camera_weights: Tensor) -> Tensor:
         """Per-layer, per-head LiDAR and camera biases of every query.
@@ -256,19 +275,31 @@ class AttentionBiasGenerator(BaseModule):
             biases = torch.cat([biases.new_zeros(*biases.shape[:3], num_dn_queries, 2), biases], dim=3)
         if self.fp16 and feature_dtype in _HALF_DTYPES:
             biases = biases.to(feature_dtype)
+        bev_h, bev_w = (int(s) for s in bev_shape)
+        num_views, img_h, img_w = (int(s) for s in camera_shape)
+        segments = (bev_h * bev_w, num_views * img_h * img_w)
         if self.use_local_bias:
             layer_biases = [
                 local_window_bias(projection_info, b[..., 1], camera_shape, self.window_size, bev_shape=bev_shape,
                                   bev_amplitude=b[..., 0], num_dn_queries=num_dn_queries) for b in biases
             ]
+            if self.mute_scale is not None:
+                mute = AttentionBias(SegmentBias(self._mute_values(lidar_weights, camera_weights, num_dn_queries,
+                                                                  biases.dtype), segments), sum(segments))
+                layer_biases = [bias + mute for bias in layer_biases]
         else:
-            bev_h, bev_w = (int(s) for s in bev_shape)
-            num_views, img_h, img_w = (int(s) for s in camera_shape)
-            num_bev, num_camera = bev_h * bev_w, num_views * img_h * img_w
-            layer_biases = [
-                AttentionBias(SegmentBias(b, (num_bev, num_camera)), num_bev + num_camera) for b in biases
-            ]
+            layer_biases = [AttentionBias(SegmentBias(b, segments), sum(segments)) for b in biases]
         return layer_biases if self.per_layer else layer_biases[0]
+
+    def _mute_values(self, lidar_weights: Tensor, camera_weights: Tensor, num_dn_queries: int,
+                     dtype: torch.dtype) -> Tensor:
+        """The mute term ``-beta * (1 - w)`` per query and modality: ``[bs, 1, num_dn_queries + Q, 2]`` (DN
+        queries 0)."""
+        weights = torch.stack([lidar_weights, camera_weights], dim=-1).to(self.mute_scale.dtype)
+        values = (weights - 1.0) * self.mute_scale
+        if num_dn_queries:
+            values = torch.cat([values.new_zeros(values.shape[0], num_dn_queries, 2), values], dim=1)
+        return values[:, None].to(dtype)
 
     @staticmethod
     def _check_inputs(lidar_weights: Tensor, camera_weights: Tensor, projection_info: Dict[str, Tensor],
@@ -288,5 +319,7 @@ class AttentionBiasGenerator(BaseModule):
 
     def extra_repr(self) -> str:
         mode = f'local(window_size={self.window_size})' if self.use_local_bias else 'global'
+        if self.mute_scale is not None:
+            mode += ' + mute'
         return (f'{mode}, layers={self.num_layers}, heads={self.num_heads}, '
                 f'learned_mapping={self.mapping is not None}, fp16={self.fp16}')
