@@ -144,7 +144,7 @@ def slot_weighted_sum(index: Tensor, valid: Optional[Tensor], weights: Tensor, x
 
     Args:
         index (Tensor): ``[bs, Q, L]``.
-        valid (Tensor, optional): ``[bs, Q, L]`` bool; None: every slot counts.
+        valid (Tensor, optional): ``[bs, Q, L]`` uint8, 0 for a dead slot; None: every slot counts.
         weights (Tensor): ``[bs, heads, Q, L]`` (any strides, e.g. expanded over heads).
         x (Tensor): ``[bs, heads, K, d]``.
 
@@ -168,7 +168,7 @@ def slot_scatter_add_(index: Tensor, valid: Optional[Tensor], target: Tensor, we
 
     Args:
         index (Tensor): ``[bs, Q, L]``.
-        valid (Tensor, optional): ``[bs, Q, L]`` bool; None: every slot counts.
+        valid (Tensor, optional): ``[bs, Q, L]`` uint8, 0 for a dead slot; None: every slot counts.
         target (Tensor): ``[bs, heads, K, d]`` float32, updated in place (any strides).
         weights (Tensor): ``[bs, heads, Q, L]``.
         a (Tensor): ``[bs, heads, Q, d]``.
@@ -186,10 +186,11 @@ def slot_scatter_add_(index: Tensor, valid: Optional[Tensor], target: Tensor, we
 
 
 def _valid_bytes(valid: Optional[Tensor], index: Tensor) -> Tensor:
-    """``valid`` as uint8 (a pointer the kernels can load); ``index`` itself when None (the kernels then never
-    read it)."""
+    """The pointer the kernels load the validity from: ``valid`` (uint8), or ``index`` itself when None (the
+    kernels then never read it)."""
     if valid is None:
         return index
-    if valid.shape != index.shape:
-        raise ValueError(f'valid must have the shape of index {tuple(index.shape)}, got {tuple(valid.shape)}')
-    return valid.to(torch.uint8)
+    if valid.shape != index.shape or valid.dtype != torch.uint8:
+        raise ValueError(f'valid must be uint8 of the shape of index {tuple(index.shape)}, got {valid.dtype} '
+                         f'{tuple(valid.shape)}')
+    return valid

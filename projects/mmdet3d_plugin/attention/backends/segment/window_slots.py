@@ -131,6 +131,8 @@ class SlotPattern:
             raise ValueError(f"the 'triton' slot products run on CUDA tensors, or on the CPU under Triton's "
                              f'interpreter (TRITON_INTERPRET=1); got {index.device.type} tensors')
         self._csr = self._bags = self._inverse = self._spread = None
+        # the Triton kernels load the validity as bytes: converted once here, not in every product
+        self._valid_bytes = valid.to(torch.uint8) if self.formulation == 'triton' and valid is not None else None
         if self.formulation == 'sparse':
             bs, num_queries, length = index.shape
             tables = bs * num_heads
@@ -200,7 +202,7 @@ class SlotPattern:
         """``sum_j weights[..., q, j] x[..., index[q, j], :]`` -> ``[bs, heads, Q, d]``."""
         bs, heads, num_queries, length = weights.shape
         if self.formulation == 'triton':
-            return _slot_kernels().slot_weighted_sum(self.index, self.valid, weights, x)
+            return _slot_kernels().slot_weighted_sum(self.index, self._valid_bytes, weights, x)
         if self.formulation == 'gather':
             weights = self._live_weights(weights.float())
             return _cat_queries([
@@ -220,7 +222,7 @@ class SlotPattern:
             alpha (float): multiplier.
         """
         if self.formulation == 'triton':
-            _slot_kernels().slot_scatter_add_(self.index, self.valid, target, weights, a, alpha)
+            _slot_kernels().slot_scatter_add_(self.index, self._valid_bytes, target, weights, a, alpha)
             return
         if self.formulation == 'gather':
             self._gathered_scatter_add_(target, weights, a, alpha)
