@@ -1,6 +1,7 @@
 """The end-to-end demo on synthetic nuScenes (``make demo``): data → train → official evaluation.
 
     python tools/demo.py [--model cmt_aqr|cmt_aqr_fused|cmt|cmt_camera] [--work-dir DIR] [--epochs N]
+                         [--sensor-failure-epochs N]
 
 Steps, each printed as it starts and skipped when its output is already there
 (so a second run, or a run after an interruption, continues where it stopped):
@@ -14,7 +15,10 @@ Steps, each printed as it starts and skipped when its output is already there
    mmdet's ``8x2`` configs) trains, on a machine without a GPU that has N cores, as N data-parallel processes
    (``torch.distributed.run``, gloo) with the cores split between them (PyTorch's CPU kernels at the demo's
    sizes keep 2 threads of one process about 1.3 cores busy; see ``--processes``);
-5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
+5. CMT-AQR only: ``tools/train.py --auto-resume`` again, a 4-epoch fine-tune of that checkpoint on sensor
+   failures (``RandomSensorCorruption``: boxes without points, dead views, a cut sector, no cameras; see
+   ``--sensor-failure-epochs``) in ``<work dir>/sensor_failures``;
+6. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
 
 then prints the metrics of both models side by side and where the logs,
 TensorBoard events and checkpoints are. The tools run on a copy of the demo
@@ -24,7 +28,7 @@ config pointed at ``--data-root`` (``<work dir>/<config name>.py``)
 import argparse
 from typing import Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import CONFIGS, DemoDataset, run_demo
+from projects.mmdet3d_plugin.apis.demo_pipeline import CONFIGS, SENSOR_FAILURE_EPOCHS, DemoDataset, run_demo
 from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
 
@@ -36,6 +40,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--data-root', default='data/synthetic_nuscenes', help='where the synthetic set is written')
     parser.add_argument('--work-dir', help='logs, checkpoints and metrics (default: work_dirs/demo_<model>)')
     parser.add_argument('--epochs', type=int, help="training epochs (default: the demo config's)")
+    parser.add_argument('--sensor-failure-epochs', type=int,
+                        help='epochs of the fine-tune on sensor failures after the training (default: '
+                             + ', '.join(f'{epochs} for {model}' for model, epochs in SENSOR_FAILURE_EPOCHS.items())
+                             + ', none for the others; 0 leaves it out)')
     parser.add_argument('--scenes', type=int, default=100, help='synthetic scenes (a fifth of them for validation)')
     parser.add_argument('--samples', type=int, default=2, help='key frames per scene')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
@@ -49,7 +57,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     dataset = DemoDataset(args.data_root, args.scenes, args.samples, args.seed, GENERATOR_VERSION)
-    run_demo(args.model, dataset, args.work_dir, args.epochs, args.processes, args.cfg_options)
+    run_demo(args.model, dataset, args.work_dir, args.epochs, args.processes, args.cfg_options,
+             args.sensor_failure_epochs)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,11 @@
-"""apis/demo_pipeline.py: the metrics table, how many processes train the demo and the command that starts them."""
+"""apis/demo_pipeline.py: the metrics table, how many processes train the demo, the command that starts them and
+the fine-tune on sensor failures."""
 import pytest
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import METRIC_PREFIX, metrics_table, train_command, training_processes
+from projects.mmdet3d_plugin.apis.demo_pipeline import (METRIC_PREFIX, SENSOR_FAILURE_EPOCHS, demo_config,
+                                                        fine_tune_epochs, metrics_table, sensor_failure_config,
+                                                        train_command, training_processes)
+from projects.mmdet3d_plugin.datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS
 
 
 def test_metrics_table_lists_summary_metrics_and_class_aps_per_model():
@@ -42,3 +46,26 @@ def test_train_command_launches_data_parallel_processes_with_the_cores_split_bet
     assert command[command.index('tools/train.py'):] == ['tools/train.py', '--launcher', 'pytorch'] + arguments
     assert env == dict(OMP_NUM_THREADS='4', MKL_NUM_THREADS='4')
     assert train_command(arguments, 2, 3)[1]['OMP_NUM_THREADS'] == '1'
+
+
+def test_the_sensor_failure_fine_tune_trains_the_demo_config_on_failures_from_its_checkpoint(tmp_path):
+    cfg = demo_config('cmt_aqr', str(tmp_path))
+    finetune = sensor_failure_config(cfg, 4, 'work/latest.pth')
+    assert (finetune.runner.max_epochs, finetune.load_from) == (4, 'work/latest.pth')
+    types = [step['type'] for step in finetune.data.train.pipeline]
+    assert types[types.index('RandomSensorCorruption') + 1] == 'ModalMask3D'
+    step = finetune.data.train.pipeline[types.index('RandomSensorCorruption')]
+    assert step['corruptions'] == [dict(item) for item in SENSOR_FAILURE_CORRUPTIONS]
+    # the demo's own config is left as it was; everything but the training pipeline, epochs and start is the same
+    assert 'RandomSensorCorruption' not in [step['type'] for step in cfg.data.train.pipeline]
+    assert cfg.runner.max_epochs == 12 and cfg.get('load_from') is None
+    assert finetune.model == cfg.model and finetune.data.test == cfg.data.test and finetune.optimizer == cfg.optimizer
+
+
+def test_only_cmt_aqr_fine_tunes_on_sensor_failures_by_default_and_a_negative_count_is_refused():
+    assert [fine_tune_epochs(model, None) for model in ('cmt_aqr', 'cmt_aqr_fused', 'cmt', 'cmt_camera')] == [
+        SENSOR_FAILURE_EPOCHS['cmt_aqr'], 0, 0, 0]
+    assert SENSOR_FAILURE_EPOCHS['cmt_aqr'] == 4
+    assert fine_tune_epochs('cmt_aqr', 0) == 0 and fine_tune_epochs('cmt', 2) == 2
+    with pytest.raises(SystemExit, match='--sensor-failure-epochs must be >= 0'):
+        fine_tune_epochs('cmt_aqr', -1)

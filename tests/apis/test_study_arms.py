@@ -6,9 +6,9 @@ from mmcv import Config
 from mmdet3d.datasets.pipelines import Compose
 from mmdet3d.models import build_model
 
-from projects.mmdet3d_plugin.apis.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, checkpoint_arm,
-                                                     add_train_corruptions, arm_config, set_modality_drop,
-                                                     study_arm)
+from projects.mmdet3d_plugin.apis.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config,
+                                                     checkpoint_arm, set_modality_drop, study_arm)
+from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corruptions
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

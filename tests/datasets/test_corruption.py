@@ -10,7 +10,8 @@ from mmdet3d.core.points import LiDARPoints
 from PIL import Image
 
 from projects.mmdet3d_plugin.datasets.camera_geometry import lidar2cam_from_sensor2lidar
-from projects.mmdet3d_plugin.datasets.corruption_config import corrupt_config, insert_corruption
+from projects.mmdet3d_plugin.datasets.corruption_config import (SENSOR_FAILURE_CORRUPTIONS, add_train_corruptions,
+                                                               corrupt_config, describe_corruptions, insert_corruption)
 from projects.mmdet3d_plugin.datasets.box_geometry import points_in_boxes
 from projects.mmdet3d_plugin.datasets.corruption_geometry import (axis_angle_rotation, boxes_at_time_lag,
                                                                   camera_forward_yaw, enlarged_boxes, kept_beams,
@@ -162,6 +163,21 @@ def test_corrupt_config_rewrites_the_val_and_test_pipelines_of_a_copy(cmt):
         assert [step['type'] for step in corrupted.data[split].pipeline][3] == 'SensorCorruption'
         assert 'SensorCorruption' not in [step['type'] for step in cfg.data[split].pipeline]
     assert 'SensorCorruption' not in [step['type'] for step in corrupted.data.train.dataset.pipeline]
+
+
+def test_train_corruptions_go_before_the_modality_drop_of_a_wrapped_training_set(cmt):
+    cfg = copy.deepcopy(cmt.cfg)  # CBGSDataset around the nuScenes set
+    add_train_corruptions(cfg, SENSOR_FAILURE_CORRUPTIONS)
+    pipeline = cfg.data.train.dataset.pipeline
+    types = [step['type'] for step in pipeline]
+    assert types[types.index('UnifiedObjectSample') + 1:types.index('ModalMask3D') + 1] == [
+        'RandomSensorCorruption', 'ModalMask3D']
+    step = pipeline[types.index('RandomSensorCorruption')]
+    assert step['corruptions'] == [dict(item) for item in SENSOR_FAILURE_CORRUPTIONS]
+    assert step['sweep_time_column'] == 4
+    assert 'RandomSensorCorruption' not in [step['type'] for step in cmt.cfg.data.train.dataset.pipeline]
+    assert describe_corruptions(SENSOR_FAILURE_CORRUPTIONS) == ('object_drop:0.5 0.15, camera_fail:0.4 0.15, '
+                                                                'mixed:120 0.15, camera_drop 0.15')
 
 
 def test_lidar_drop_leaves_no_point_and_the_pipeline_runs_through(run_test_pipeline):

@@ -11,15 +11,21 @@ from tools import demo
 def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     data_root, work_dir = tmp_path / 'data', tmp_path / 'work'
     argv = ['--model', 'cmt_aqr', '--data-root', str(data_root), '--work-dir', str(work_dir), '--scenes', '2',
-            '--samples', '2', '--epochs', '1']
+            '--samples', '2', '--epochs', '1', '--sensor-failure-epochs', '1']
     demo.main(argv)
     out = capsys.readouterr().out
-    assert '[demo 5/5]' in out and '| mAP |' in out and '| NDS |' in out
+    assert '[demo 5/6] fine-tuning it on sensor failures for 1 epochs' in out and '[demo 6/6]' in out
+    assert '| mAP |' in out and '| NDS |' in out
     assert (work_dir / 'latest.pth').exists() and (work_dir / 'demo_metrics.md').exists()
     config_text = (work_dir / 'cmt_aqr_synthetic_tiny_passes.py').read_text()
     assert str(data_root) in config_text and 'data/synthetic_nuscenes' not in config_text
-    metrics = json.loads(sorted((work_dir / 'trained').glob('eval_*.json'))[-1].read_text())['metrics']
-    assert 0.0 <= metrics[METRIC_PREFIX + 'NDS'] <= 1.0
+    finetune = work_dir / 'sensor_failures'
+    finetune_config = (finetune / 'cmt_aqr_synthetic_tiny_passes.py').read_text()
+    assert 'RandomSensorCorruption' in finetune_config and str(work_dir / 'latest.pth') in finetune_config
+    assert (finetune / 'latest.pth').exists()
+    evaluation = json.loads(sorted((work_dir / 'trained').glob('eval_*.json'))[-1].read_text())
+    assert 0.0 <= evaluation['metrics'][METRIC_PREFIX + 'NDS'] <= 1.0
+    assert f'checkpoint:   {finetune / "latest.pth"}' in out  # the fine-tuned model is the one evaluated
 
     demo.main(argv)  # the second run skips data generation and the untrained evaluation
     out = capsys.readouterr().out

@@ -9,7 +9,10 @@ continues where it stopped):
 3. ``tools/init_checkpoint.py`` + ``tools/test.py --eval bbox``: the untrained model's metrics;
 4. ``tools/train.py --auto-resume``: trains the tiny model, in ``processes``
    data-parallel processes (:func:`training_processes`, :func:`train_command`);
-5. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
+5. for the models of :data:`SENSOR_FAILURE_EPOCHS` (CMT-AQR), ``tools/train.py --auto-resume`` again: a
+   fine-tune of that checkpoint on sensor failures (:func:`sensor_failure_config`, in ``<work dir>/sensor_failures``),
+   so that a frame whose cameras or LiDAR fail is detected at the surviving sensor's level;
+6. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
 
 then prints the metrics of both models side by side (:func:`metrics_table`)
 and where the logs, TensorBoard events and checkpoints are. The tools run as
@@ -17,6 +20,7 @@ processes of this interpreter in the repository root, on a copy of the demo
 config pointed at the data root (``<work dir>/<config name>.py``). The
 robustness study runs its tools the same way (:class:`DemoStudyTools`).
 """
+import copy
 import glob
 import hashlib
 import json
@@ -42,7 +46,12 @@ DEMO_VERSION = 'v1.0-trainval'
 OBJECT_RANGE_M = 22.0
 METRIC_PREFIX = 'pts_bbox_NuScenes/'
 SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
-TOTAL_STEPS = 5
+#: The demo models that end with a fine-tune on sensor failures, and its epochs (``tools/demo.py
+#: --sensor-failure-epochs``, 0 leaves it out): CMT-AQR after 12 epochs without a failure loses 0.2 mAP without
+#: its cameras; 4 epochs on failures take it to the LiDAR-only model's level (docs/demo.md).
+SENSOR_FAILURE_EPOCHS = dict(cmt_aqr=4)
+#: The fine-tune's folder inside the demo's work dir.
+SENSOR_FAILURE_DIR = 'sensor_failures'
 
 
 def banner(step: int, total: int, text: str) -> None:
@@ -206,6 +215,27 @@ def train_command(arguments: List[str], processes: int, cores: int) -> Tuple[Lis
                                                                                  MKL_NUM_THREADS=threads)
 
 
+def fine_tune_epochs(model: str, requested: Optional[int]) -> int:
+    """Epochs of ``model``'s fine-tune on sensor failures: ``requested`` (``--sensor-failure-epochs``), or by
+    default :data:`SENSOR_FAILURE_EPOCHS` of ``model`` (0 for the models without one)."""
+    if requested is None:
+        return SENSOR_FAILURE_EPOCHS.get(model, 0)
+    if requested < 0:
+        raise SystemExit(f'demo stopped: --sensor-failure-epochs must be >= 0, got {requested}')
+    return requested
+
+
+def sensor_failure_config(cfg, epochs: int, load_from: str):
+    """A copy of the demo config ``cfg`` (an mmcv ``Config``) that fine-tunes the checkpoint ``load_from`` for
+    ``epochs`` epochs with ``SENSOR_FAILURE_CORRUPTIONS`` in its training pipeline (one failure or none per
+    sample: boxes without points, dead views, a cut sector, no cameras at all)."""
+    from ..datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS, add_train_corruptions
+    cfg = copy.deepcopy(cfg)
+    add_train_corruptions(cfg, SENSOR_FAILURE_CORRUPTIONS)
+    cfg.merge_from_dict({'runner.max_epochs': epochs, 'load_from': load_from})
+    return cfg
+
+
 def run_fingerprint(cfg, dataset: DemoDataset) -> dict:
     """What a work dir's checkpoints depend on: the whole config and the dataset stamp."""
     config = json.dumps(cfg._cfg_dict.to_dict(), sort_keys=True, default=str)
@@ -234,9 +264,17 @@ class DemoStudyTools:
         claim_work_dir(work_dir, dict(run_fingerprint(cfg, self.dataset), seed=seed))
 
 
+def train(config: str, work_dir: str, seed: int, options: Sequence[str], processes: int, cores: int) -> None:
+    """``tools/train.py`` of ``config`` into ``work_dir``, resuming its latest checkpoint, in ``processes``
+    processes."""
+    arguments = [config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed', str(seed)]
+    run_tool(*train_command(arguments + (['--cfg-options'] + list(options) if options else []), processes, cores))
+
+
 def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, epochs: Optional[int] = None,
-             processes: Optional[int] = None, cfg_options: Sequence[str] = ()) -> None:
-    """The five steps of the module doc for ``model`` (a key of :data:`CONFIGS`), then the metrics table.
+             processes: Optional[int] = None, cfg_options: Sequence[str] = (),
+             sensor_failure_epochs: Optional[int] = None) -> None:
+    """The steps of the module doc for ``model`` (a key of :data:`CONFIGS`), then the metrics table.
 
     Args:
         model (str): the demo config to train.
@@ -245,12 +283,16 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
         epochs (int, optional): training epochs (default: the config's).
         processes (int, optional): data-parallel training processes (see :func:`training_processes`).
         cfg_options (Sequence[str]): ``key=value`` settings passed on to tools/train.py and tools/test.py.
+        sensor_failure_epochs (int, optional): epochs of the fine-tune on sensor failures (default:
+            :data:`SENSOR_FAILURE_EPOCHS` of ``model``, else none; 0: none).
     """
+    from ..datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS, describe_corruptions
     start = time.time()
     work_dir = work_dir or osp.join('work_dirs', f'demo_{model}')
     cfg_options = list(cfg_options)
     train_options = cfg_options + ([f'runner.max_epochs={epochs}'] if epochs is not None else [])
-    total = TOTAL_STEPS
+    sensor_failure_epochs = fine_tune_epochs(model, sensor_failure_epochs)
+    total = 6 if sensor_failure_epochs else 5
     for folder in (work_dir, dataset.data_root):
         os.makedirs(osp.join(REPO_ROOT, folder), exist_ok=True)
     cfg = demo_config(model, dataset.data_root)
@@ -276,13 +318,25 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
     banner(4, total, f'training {CONFIGS[model]} (resumes from {work_dir}/latest.pth if a previous run stopped)'
            + (f' in {processes} processes of {cfg.data.samples_per_gpu} samples each' if processes > 1 else ''))
     train_start = time.time()
-    run_tool(*train_command([config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed',
-                             str(dataset.seed)] + (['--cfg-options'] + train_options if train_options else []),
-                            processes, cores))
-    train_minutes = (time.time() - train_start) / 60
-
-    banner(5, total, 'evaluating the trained model with the nuScenes devkit')
+    train(config, work_dir, dataset.seed, train_options, processes, cores)
     checkpoint = osp.join(work_dir, 'latest.pth')
+    if sensor_failure_epochs:
+        finetune_dir = osp.join(work_dir, SENSOR_FAILURE_DIR)
+        finetune_cfg = sensor_failure_config(cfg, sensor_failure_epochs, checkpoint)
+        banner(5, total, f'fine-tuning it on sensor failures for {sensor_failure_epochs} epochs (one per sample or '
+               f'none: {describe_corruptions(SENSOR_FAILURE_CORRUPTIONS)}; resumes from {finetune_dir}/latest.pth if '
+               'a previous run stopped)')
+        os.makedirs(osp.join(REPO_ROOT, finetune_dir), exist_ok=True)
+        # a fine-tune of another stage-1 training (other epochs or options) would be stale
+        claim_work_dir(finetune_dir, dict(run_fingerprint(finetune_cfg, dataset), stage1_options=train_options))
+        config = osp.join(finetune_dir, osp.basename(CONFIGS[model]))
+        finetune_cfg.dump(osp.join(REPO_ROOT, config))
+        train(config, finetune_dir, dataset.seed, cfg_options, processes, cores)
+        checkpoint = osp.join(finetune_dir, 'latest.pth')
+    train_minutes = (time.time() - train_start) / 60
+    log_dirs = [work_dir] + ([finetune_dir] if sensor_failure_epochs else [])
+
+    banner(total, total, 'evaluating the trained model with the nuScenes devkit')
     trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), cfg_options)
 
     table = metrics_table({'untrained': untrained, f'trained {model}': trained}, cfg.get('class_names', ()))
@@ -292,6 +346,7 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
     print(table)
     print(f'\ntraining: {train_minutes:.1f} min; whole demo: {(time.time() - start) / 60:.1f} min')
     print(f'checkpoint:   {checkpoint}')
-    print(f'logs:         {work_dir}/*.log (text), {work_dir}/*.log.json (per iteration)')
-    print(f'TensorBoard:  tensorboard --logdir {work_dir}/tf_logs')
+    for folder in log_dirs:
+        print(f'logs:         {folder}/*.log (text), {folder}/*.log.json (per iteration)')
+        print(f'TensorBoard:  tensorboard --logdir {folder}/tf_logs')
     print(f'metrics:      {work_dir}/trained/eval_*.json, table in {work_dir}/demo_metrics.md')

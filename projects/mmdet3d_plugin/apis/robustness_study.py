@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Protocol, Sequence
 import mmcv
 from mmcv import Config
 
+from ..datasets.corruption_config import describe_corruptions
 from .study_arms import STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config, checkpoint_arm, study_arm
 from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
 
@@ -340,7 +341,7 @@ class RobustnessStudy:
     def intro(self, minutes: float) -> List[str]:
         """The setup paragraph of the report: the run, the data, the arms and the metrics."""
         options = self.options
-        corruptions = ', '.join(f"{item['spec']} {item['prob']}" for item in STAGE2_CORRUPTIONS)
+        corruptions = describe_corruptions(STAGE2_CORRUPTIONS)
         stage1 = (f'once (seed {options.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 '
                   f'only' if options.shared_stage1 else 'per seed')
         lines = [

@@ -20,13 +20,12 @@ only in that its router stays frozen.
 """
 import os.path as osp
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple, Union
 
 from mmcv import Config
 
-from ..datasets.corruption_config import SWEEP_LOADER, sweep_time_column
+from ..datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS, add_train_corruptions, train_pipelines
 from ..datasets.data_root_config import retarget_data_root
-from ..datasets.pipelines.corruption import parse_corruption
 
 #: How an arm gets its checkpoint: trained from scratch for the stage-1 epochs, trained from the stage-1
 #: checkpoint for the stage-2 epochs, or none of its own (it evaluates another arm's checkpoint).
@@ -37,11 +36,8 @@ ROUTING_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes.py'
 #: The LiDAR-only model's ModalMask3D: every camera view black, every point cloud kept (docs/demo.md: 0.482 on the
 #: demo data with make demo's recipe).
 LIDAR_ONLY_DROP = (1.0, 0.0)
-#: The train-time corruptions of every stage-2 arm (``RandomSensorCorruption``, one of them or none per sample):
-#: per-query variation for the routing targets (boxes without points, dead views, cut sectors) and whole-camera
-#: failures (``camera_drop``, MoME's per-sample label of the global gate).
-STAGE2_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.15), dict(spec='camera_fail:0.4', prob=0.15),
-                      dict(spec='mixed:120', prob=0.15), dict(spec='camera_drop', prob=0.15))
+#: The train-time corruptions of every stage-2 arm: the sensor failures make demo's CMT-AQR fine-tunes on.
+STAGE2_CORRUPTIONS = SENSOR_FAILURE_CORRUPTIONS
 
 
 @dataclass(frozen=True)
@@ -138,44 +134,11 @@ def set_modality_drop(cfg: Config, image_drop: float, lidar_drop: float) -> None
     Raises:
         ValueError: the training pipeline has no ``ModalMask3D`` step.
     """
-    steps = [step for step in _train_pipeline(cfg) if step['type'] == 'ModalMask3D']
+    steps = [step for pipeline in train_pipelines(cfg) for step in pipeline if step['type'] == 'ModalMask3D']
     if not steps:
         raise ValueError('the training pipeline has no ModalMask3D step: the study trains with modality drop')
     for step in steps:
         step.update(image_drop_prob=image_drop, points_drop_prob=lidar_drop)
-
-
-def add_train_corruptions(cfg: Config, corruptions: Sequence[dict]) -> None:
-    """Put a ``RandomSensorCorruption`` of ``corruptions`` right before the training pipeline's ``ModalMask3D``.
-
-    That is after the loading steps (``object_drop`` reads the loaded boxes)
-    and after the ground-truth sampling (the pasted objects' points and image
-    patches are corrupted with the rest, so the recorded dead views hold no
-    object), and before the 3D augmentation; with sweeps loaded, the
-    corruptions get their time column.
-
-    Args:
-        cfg (Config): changed in place.
-        corruptions (Sequence[dict]): ``dict(spec='mode[:arg]', prob=p)`` items.
-
-    Raises:
-        ValueError: a bad spec, or a pipeline without ``ModalMask3D``.
-    """
-    for item in corruptions:
-        parse_corruption(item['spec'])
-    pipeline = _train_pipeline(cfg)
-    types = [step['type'] for step in pipeline]
-    if 'ModalMask3D' not in types:
-        raise ValueError(f'the training pipeline has no ModalMask3D step to put the corruptions before: {types}')
-    step = dict(type='RandomSensorCorruption', corruptions=[dict(item) for item in corruptions])
-    if SWEEP_LOADER in types:
-        step['sweep_time_column'] = sweep_time_column(pipeline[types.index(SWEEP_LOADER)])
-    pipeline.insert(types.index('ModalMask3D'), step)
-
-
-def _train_pipeline(cfg: Config) -> list:
-    train = cfg.data.train
-    return train.get('pipeline') or train.dataset.pipeline
 
 
 def arm_config(arm: StudyArm, data_root: str, epochs: int, image_drop: float, lidar_drop: float,

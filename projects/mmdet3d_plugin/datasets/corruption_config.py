@@ -1,4 +1,6 @@
-"""Put a test-time ``SensorCorruption`` into a test pipeline or a whole config (``tools/test.py --corruption``).
+"""Put a test-time ``SensorCorruption`` into a test pipeline or a whole config (``tools/test.py --corruption``),
+or train-time sensor failures (``RandomSensorCorruption``) into a config's training pipeline
+(:func:`add_train_corruptions`).
 
 Where it goes: right after the loading steps (``Load*``) at the top level
 of the pipeline, i.e. after the points, the sweeps and the images are loaded
@@ -25,6 +27,12 @@ SWEEP_LOADER = 'LoadPointsFromMultiSweeps'
 TIME_AWARE_MODES = ('beams', 'object_drop')
 #: Dataset splits whose pipelines ``corrupt_config`` rewrites.
 CORRUPTED_SPLITS = ('val', 'test')
+#: Sensor failures to train on (``RandomSensorCorruption``: one of them or none per sample): boxes that lose their
+#: points, dead camera views, a cut sector of both sensors (per-query variation for AQR's routing targets) and
+#: whole-camera failures (MoME's per-sample label). make demo's CMT-AQR ends with a fine-tune on them
+#: (``tools/demo.py --sensor-failure-epochs``); every stage-2 arm of the robustness study trains with them.
+SENSOR_FAILURE_CORRUPTIONS = (dict(spec='object_drop:0.5', prob=0.15), dict(spec='camera_fail:0.4', prob=0.15),
+                              dict(spec='mixed:120', prob=0.15), dict(spec='camera_drop', prob=0.15))
 
 
 def _default_argument(transform_type: str, name: str):
@@ -137,3 +145,42 @@ def corrupt_config(cfg: Config, corruption: Union[str, Dict], **options) -> Conf
         for dataset in _dataset_configs(cfg.data.get(split)):
             dataset['pipeline'] = insert_corruption(dataset['pipeline'], corruption, **options)
     return cfg
+
+
+def train_pipelines(cfg: Config) -> List[List[Dict]]:
+    """The pipelines of ``cfg.data.train`` (one per dataset, through dataset wrappers), to change in place."""
+    return [dataset['pipeline'] for dataset in _dataset_configs(cfg.data.train)]
+
+
+def describe_corruptions(corruptions: Sequence[Dict]) -> str:
+    """``'object_drop:0.5 0.15, camera_drop 0.15'``: each ``dict(spec=..., prob=...)`` item's spec and probability."""
+    return ', '.join(f"{item['spec']} {item['prob']}" for item in corruptions)
+
+
+def add_train_corruptions(cfg: Config, corruptions: Sequence[Dict]) -> None:
+    """Put a ``RandomSensorCorruption`` of ``corruptions`` right before each training pipeline's ``ModalMask3D``.
+
+    That is after the loading steps (``object_drop`` reads the loaded boxes)
+    and after the ground-truth sampling (the pasted objects' points and image
+    patches are corrupted with the rest, so the recorded dead views hold no
+    object), and before the 3D augmentation; with sweeps loaded, the
+    corruptions get their time column.
+
+    Args:
+        cfg (Config): changed in place.
+        corruptions (Sequence[dict]): ``dict(spec='mode[:arg]', prob=p)`` items
+            (e.g. :data:`SENSOR_FAILURE_CORRUPTIONS`).
+
+    Raises:
+        ValueError: a bad spec, or a training pipeline without ``ModalMask3D``.
+    """
+    for item in corruptions:
+        parse_corruption(item['spec'])
+    for pipeline in train_pipelines(cfg):
+        types = [step['type'] for step in pipeline]
+        if 'ModalMask3D' not in types:
+            raise ValueError(f'the training pipeline has no ModalMask3D step to put the corruptions before: {types}')
+        step = dict(type='RandomSensorCorruption', corruptions=[dict(item) for item in corruptions])
+        if SWEEP_LOADER in types:
+            step['sweep_time_column'] = sweep_time_column(pipeline[types.index(SWEEP_LOADER)])
+        pipeline.insert(types.index('ModalMask3D'), step)
