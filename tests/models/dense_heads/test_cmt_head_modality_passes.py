@@ -244,15 +244,21 @@ def test_each_pass_has_its_own_named_losses_and_matching(cmt_test_data):
     assert bev_grad is None and img_grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize('name, dropped', [('camera', 'image'), ('lidar', 'points')])
-def test_a_pass_leaves_out_the_samples_whose_input_was_dropped(name, dropped, cmt_test_data):
-    """Sample 1 lost the pass's input (ModalMask3D): the pass's losses are those of sample 0 alone."""
+@pytest.mark.parametrize('name, dropped, corruption', [('camera', 'image', 'camera_drop'),
+                                                       ('lidar', 'points', 'lidar_drop')])
+@pytest.mark.parametrize('lost_to', ['ModalMask3D', 'corruption'])
+def test_a_pass_leaves_out_the_samples_whose_input_was_dropped(name, dropped, corruption, lost_to, cmt_test_data):
+    """Sample 1 lost the pass's input (to ModalMask3D, or to a whole-sensor corruption of the training pipeline):
+    the pass's losses are those of sample 0 alone."""
     head = head_cfg(modality_passes=PASSES, noise_scale=0.0).train()  # no DN noise: same DN queries at bs 1
     head.shared_conv.eval()  # BatchNorm with running statistics: sample 0's BEV features do not depend on sample 1
     bev, img = features()
     boxes, labels = gts(cmt_test_data)
     img_metas = cmt_test_data['make_img_metas'](2)
-    img_metas[1]['dropped_modalities'] = [dropped]
+    if lost_to == 'ModalMask3D':
+        img_metas[1]['dropped_modalities'] = [dropped]
+    else:
+        img_metas[1]['corruption'] = dict(mode=corruption)
     losses = head.loss(boxes, labels, head([bev], [img], img_metas, boxes, labels))
     assert losses[f'{name}.num_samples'] == 1
     assert losses[f'{"lidar" if name == "camera" else "camera"}.num_samples'] == 2

@@ -11,7 +11,7 @@ was dropped. A whole-sensor ``SensorCorruption`` (``lidar_drop``,
 ``camera_drop`` in ``img_meta['corruption']``, e.g. from the training
 pipeline's ``RandomSensorCorruption``) drops its modality just the same.
 """
-from typing import Mapping, Sequence, Tuple
+from typing import Mapping, Sequence, Set, Tuple
 
 import torch
 from torch import Tensor
@@ -26,6 +26,28 @@ MODALITY_NAMES = ('points', 'image')
 DROPPING_CORRUPTIONS = {'lidar_drop': 'points', 'camera_drop': 'image'}
 
 
+def dropped_modalities(meta: Mapping, index: int = 0) -> Set[str]:
+    """The modalities (``'points'``, ``'image'``) sample ``meta`` lost: to ``ModalMask3D``
+    (``meta[DROPPED_MODALITIES_KEY]``) or to a whole-sensor corruption (``meta['corruption']``).
+
+    Args:
+        meta (Mapping): the sample's img_meta.
+        index (int): its index in the batch, for the error message.
+
+    Raises:
+        ValueError: ``meta[DROPPED_MODALITIES_KEY]`` names an unknown modality.
+    """
+    dropped = set(meta.get(DROPPED_MODALITIES_KEY, ()))
+    unknown = dropped - set(MODALITY_NAMES)
+    if unknown:
+        raise ValueError(f"img_metas[{index}]['{DROPPED_MODALITIES_KEY}'] has unknown modalities {sorted(unknown)}; "
+                         f'expected a subset of {MODALITY_NAMES}')
+    corruption = meta.get(CORRUPTION_KEY) or {}
+    if corruption.get('mode') in DROPPING_CORRUPTIONS:
+        dropped.add(DROPPING_CORRUPTIONS[corruption['mode']])
+    return dropped
+
+
 def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> Tuple[Tensor, Tensor]:
     """Which samples had their LiDAR / camera input dropped (by ``ModalMask3D`` or a whole-sensor corruption).
 
@@ -36,19 +58,9 @@ def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> T
     Returns:
         tuple[Tensor, Tensor]: ``lidar_dropped [bs]`` and ``camera_dropped [bs]`` bool.
     """
-    lidar, camera = [], []
-    for i, meta in enumerate(img_metas):
-        dropped = set(meta.get(DROPPED_MODALITIES_KEY, ()))
-        unknown = dropped - set(MODALITY_NAMES)
-        if unknown:
-            raise ValueError(f"img_metas[{i}]['{DROPPED_MODALITIES_KEY}'] has unknown modalities {sorted(unknown)}; "
-                             f'expected a subset of {MODALITY_NAMES}')
-        corruption = meta.get(CORRUPTION_KEY) or {}
-        if corruption.get('mode') in DROPPING_CORRUPTIONS:
-            dropped.add(DROPPING_CORRUPTIONS[corruption['mode']])
-        lidar.append('points' in dropped)
-        camera.append('image' in dropped)
-    return host_to_device(lidar, device, torch.bool), host_to_device(camera, device, torch.bool)
+    dropped = [dropped_modalities(meta, i) for i, meta in enumerate(img_metas)]
+    return (host_to_device(['points' in lost for lost in dropped], device, torch.bool),
+            host_to_device(['image' in lost for lost in dropped], device, torch.bool))
 
 
 def routing_loss(lidar_weights: Tensor, camera_weights: Tensor, lidar_dropped: Tensor, camera_dropped: Tensor,

@@ -37,7 +37,7 @@ from mmcv.runner import ModuleDict
 from torch import Tensor, nn
 
 from ...attention import restrict_keys
-from ..aqr.aux_loss import DROPPED_MODALITIES_KEY
+from ..aqr.aux_loss import dropped_modalities
 from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
 
 #: the token sets a head can have, in key order
@@ -298,5 +298,7 @@ def merge_sample_predictions(fused: Sequence[List[dict]], other: Sequence[List[d
 
 
 def trained_samples(modality_pass: ModalityPass, img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
-    """Per sample, whether the pass's input was there (not dropped by ``ModalMask3D``)."""
-    return tuple(modality_pass.input_name not in meta.get(DROPPED_MODALITIES_KEY, ()) for meta in img_metas)
+    """Per sample, whether the pass's input was there: not dropped by ``ModalMask3D`` nor by a whole-sensor
+    corruption of the training pipeline (``camera_drop``: a camera pass does not learn to detect from black
+    views)."""
+    return tuple(modality_pass.input_name not in dropped_modalities(meta, i) for i, meta in enumerate(img_metas))
