@@ -110,6 +110,20 @@ def test_batches_without_points_give_finite_boxes_and_losses(fusion, cmt_test_da
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
+def test_a_training_batch_without_points_gives_every_parameter_a_gradient(fresh_lidar, cmt_test_data):
+    """DistributedDataParallel (without find_unused_parameters) waits for a gradient of every parameter: a process
+    whose samples all lost their points (lidar_drop) skips the LiDAR encoders, which then get a zero gradient."""
+    data = cmt_test_data['random_batch']((3, 2), with_camera=False)
+    fresh_lidar.train()
+    fresh_lidar.zero_grad(set_to_none=True)
+    outputs = cmt_test_data['train_step'](fresh_lidar, dict(data, points=[_no_points(), _no_points()]))
+    assert torch.isfinite(outputs['loss'])
+    missing = [name for name, p in fresh_lidar.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing
+    encoders = [*fresh_lidar.pts_voxel_encoder.parameters(), *fresh_lidar.pts_middle_encoder.parameters()]
+    assert encoders and all(not p.grad.any() for p in encoders)
+
+
 def test_lidar_drop_corruption_gives_finite_boxes(fusion, cmt_test_data):
     data = cmt_test_data['random_batch']((3, 2))
     corrupt = SensorCorruption(mode='lidar_drop')

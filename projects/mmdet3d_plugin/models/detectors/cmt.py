@@ -36,6 +36,7 @@ from ..utils.camera_blanking import FusedBlankViews, black_camera_images, blank_
 from ..utils.grid_mask import GridMask
 from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
 from ..utils.spconv_voxelize import SPConvVoxelization
+from ..utils.zero_through_parameters import zero_through_parameters
 
 
 @DETECTORS.register_module()
@@ -178,7 +179,10 @@ class CmtDetector(MVXTwoStageDetector):
         """
         if len(voxels) == 0:  # spconv cannot run on an empty input; its output would be all zeros
             channels, height, width = middle_encoder_bev_shape(self.pts_middle_encoder)
-            return voxels.new_zeros(batch_size, channels, height, width)
+            empty = voxels.new_zeros(batch_size, channels, height, width)
+            if self.training and torch.is_grad_enabled():  # zero gradients for DDP, which waits for every one
+                empty = empty + zero_through_parameters(self.pts_voxel_encoder, self.pts_middle_encoder)
+            return empty
         with self._single_voxel_batch_norm(len(voxels)):
             voxel_features = self.pts_voxel_encoder(voxels, num_points, coors)
             return self.pts_middle_encoder(voxel_features, coors, batch_size)
