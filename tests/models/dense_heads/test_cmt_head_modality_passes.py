@@ -13,6 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
 from projects.mmdet3d_plugin.models.dense_heads.head_outputs import HeadOutputs
+from projects.mmdet3d_plugin.models.dense_heads.pass_plan import (FUSED, MODALITY_PASSES, corrupted_modalities,
+                                                                  trained_samples)
 from projects.mmdet3d_plugin.models.utils import CmtTransformer, petr_attention
 from projects.mmdet3d_plugin.models.utils.camera_blanking import blank_camera_views
 from test_cmt_head import LAYERS, features, head_cfg
@@ -250,15 +252,47 @@ def test_each_pass_has_its_own_named_losses_and_matching(cmt_test_data):
 def test_a_pass_leaves_out_the_samples_whose_input_was_dropped(name, dropped, corruption, lost_to, cmt_test_data):
     """Sample 1 lost the pass's input (to ModalMask3D, or to a whole-sensor corruption of the training pipeline):
     the pass's losses are those of sample 0 alone."""
+    def lose_input(meta):
+        if lost_to == 'ModalMask3D':
+            meta['dropped_modalities'] = [dropped]
+        else:
+            meta['corruption'] = dict(mode=corruption)
+
+    _assert_pass_leaves_out_sample_1(name, cmt_test_data, lose_input)
+
+
+@pytest.mark.parametrize('corruption, left_out', [('camera_fail', ('camera', )), ('extrinsic', ('camera', )),
+                                                  ('object_drop', ('lidar', )), ('fov', ('lidar', )),
+                                                  ('mixed', ('camera', 'lidar'))])
+def test_a_pass_leaves_out_the_samples_whose_input_a_corruption_changed(corruption, left_out):
+    """A single-modality pass does not learn to find objects its sensor no longer shows: a sample whose input for
+    it a training corruption changed is left out, one whose other input it changed is kept."""
+    img_metas = [dict(), dict(corruption=dict(name=corruption, mode=corruption, seed=0))]
+    for name in ('camera', 'lidar'):
+        assert trained_samples(MODALITY_PASSES[name], img_metas) == (True, name not in left_out), name
+    assert trained_samples(FUSED, img_metas) == (True, True)
+
+
+def test_a_corruption_of_an_input_the_model_does_not_read_leaves_the_pass_its_samples():
+    """``mixed`` on a model that loads no points (``unread_inputs``) changed only the cameras."""
+    meta = dict(corruption=dict(mode='mixed', unread_inputs=['points']))
+    assert corrupted_modalities(meta) == {'image'} and corrupted_modalities(dict(corruption=None)) == set()
+    assert trained_samples(MODALITY_PASSES['lidar'], [meta]) == (True, )
+
+
+def test_the_camera_pass_leaves_out_a_sample_with_dead_views(cmt_test_data):
+    _assert_pass_leaves_out_sample_1('camera', cmt_test_data,
+                                     lambda meta: meta.update(corruption=dict(mode='camera_fail', fail_prob=0.4)))
+
+
+def _assert_pass_leaves_out_sample_1(name, cmt_test_data, lose_input):
+    """The pass ``name``'s losses are those of sample 0 alone once ``lose_input`` has marked sample 1's meta."""
     head = head_cfg(modality_passes=PASSES, noise_scale=0.0).train()  # no DN noise: same DN queries at bs 1
     head.shared_conv.eval()  # BatchNorm with running statistics: sample 0's BEV features do not depend on sample 1
     bev, img = features()
     boxes, labels = gts(cmt_test_data)
     img_metas = cmt_test_data['make_img_metas'](2)
-    if lost_to == 'ModalMask3D':
-        img_metas[1]['dropped_modalities'] = [dropped]
-    else:
-        img_metas[1]['corruption'] = dict(mode=corruption)
+    lose_input(img_metas[1])
     losses = head.loss(boxes, labels, head([bev], [img], img_metas, boxes, labels))
     assert losses[f'{name}.num_samples'] == 1
     assert losses[f'{"lidar" if name == "camera" else "camera"}.num_samples'] == 2

@@ -25,10 +25,11 @@ import torch
 from mmdet.models.builder import build_head
 from torch import Tensor, nn
 
+from ..aqr.aux_loss import dropped_modalities
 from ..utils.camera_blanking import FusedBlankViews, replace_sample_views, with_dropped_images
 from .camera_window_prior import CameraWindowPrior
 from .image_aux_head import IMAGE_AUX_PREFIX, ImageAuxOutputs
-from .pass_plan import MODALITY_PASSES, DecoderMemory, PassPlan, trained_samples
+from .pass_plan import DecoderMemory, PassPlan
 from .position_embedding import PositionEmbedding
 
 
@@ -108,14 +109,14 @@ class CameraAids:
     def draw_fused_image_drops(self, img_metas: Sequence[dict]) -> Tuple[bool, ...]:
         """Per training sample, whether its fused pass sees black camera views (``fused_image_drop_prob``).
 
-        Samples whose images ``ModalMask3D`` already dropped are not drawn. Draws
+        Samples whose images are already gone (``ModalMask3D``, ``camera_drop``) are not drawn. Draws
         from torch's global generator only when ``fused_image_drop_prob > 0``.
         """
         if self.fused_image_drop_prob == 0:
             return (False, ) * len(img_metas)
         draws = (torch.rand(len(img_metas)) < self.fused_image_drop_prob).tolist()
-        have_images = trained_samples(MODALITY_PASSES['camera'], img_metas)
-        return tuple(draw and images for draw, images in zip(draws, have_images))
+        return tuple(draw and 'image' not in dropped_modalities(meta, i)
+                     for i, (draw, meta) in enumerate(zip(draws, img_metas)))
 
     def cameras(self, img_feat: Optional[Tensor], img_metas: Sequence[dict],
                 fused_blank_views: Optional[FusedBlankViews], positions: PositionEmbedding,

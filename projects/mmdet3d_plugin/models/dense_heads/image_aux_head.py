@@ -18,8 +18,9 @@ far away (CMT's detection loss alone teaches them little of either). A
   over the covered cells only. ``depth = exp(log_depth)`` (clamped to
   ``[min_depth, 1000]`` m) is what ``camera_depth_position`` lifts tokens with.
 
-Samples whose images ``ModalMask3D`` dropped (``'image'`` in
-``img_metas[i]['dropped_modalities']``) weigh 0 in both losses. The target
+Samples whose images did not arrive whole (dropped by ``ModalMask3D``, or
+changed by a sensor corruption of the training pipeline: the camera pass's
+:func:`~.pass_plan.trained_samples`) weigh 0 in both losses. The target
 geometry is in :mod:`..utils.image_targets`.
 """
 import math
@@ -131,7 +132,7 @@ class ImageAuxHead(BaseModule):
         Args:
             img_feat (Tensor): ``[bs * N, C, h, w]``.
             img_metas (Sequence[dict]): ``lidar2img``, ``pad_shape`` and
-                (optionally) ``dropped_modalities`` per sample.
+                (optionally) ``dropped_modalities`` and ``corruption`` per sample.
 
         Returns:
             ImageAuxOutputs: predictions and the metas the loss reads.

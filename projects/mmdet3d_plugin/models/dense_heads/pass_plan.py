@@ -26,17 +26,19 @@ experts); ``lidar_free_pass='camera'`` decodes at inference the samples whose
 point cloud is empty with the camera pass, ``camera_free_pass='lidar'`` those
 whose camera images are all blank with the LiDAR pass (:meth:`PassPlan.inference_passes`,
 :func:`merge_sample_predictions`); a sample without either keeps the fused pass.
-A single-modality pass learns nothing from a sample whose input for it was
-dropped by ``ModalMask3D`` (:func:`trained_samples`).
+A single-modality pass learns only from the samples whose input for it arrived
+whole: not dropped by ``ModalMask3D``, not changed by a sensor corruption of the
+training pipeline (:func:`trained_samples`).
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 from mmcv.runner import ModuleDict
 from torch import Tensor, nn
 
 from ...attention import restrict_keys
+from ...datasets.pipelines.corruption import CORRUPTION_KEY, corruption_mode
 from ..aqr.aux_loss import dropped_modalities
 from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
 
@@ -81,6 +83,8 @@ MODALITY_PASSES: Dict[str, ModalityPass] = {
     'lidar': ModalityPass('lidar', uses_lidar=True, uses_camera=False, input_name='points'),
     'camera': ModalityPass('camera', uses_lidar=False, uses_camera=True, input_name='image'),
 }
+#: ``ModalMask3D``'s name of each input -> its pipeline ``results`` key (a ``SensorCorruption`` mode's ``input_keys``).
+MODALITY_INPUT_KEYS = {'points': 'points', 'image': 'img'}
 
 
 class DecoderMemory(NamedTuple):
@@ -297,8 +301,20 @@ def merge_sample_predictions(fused: Sequence[List[dict]], other: Sequence[List[d
     return tuple(merged)
 
 
+def corrupted_modalities(meta: Mapping) -> Set[str]:
+    """The modalities (``'points'``, ``'image'``) that a sensor corruption changed in sample ``meta``
+    (``meta['corruption']``: its mode's inputs, less those the model does not read)."""
+    corruption = meta.get(CORRUPTION_KEY) or {}
+    if 'mode' not in corruption:
+        return set()
+    changed = set(corruption_mode(corruption['mode']).input_keys) - set(corruption.get('unread_inputs', ()))
+    return {modality for modality, key in MODALITY_INPUT_KEYS.items() if key in changed}
+
+
 def trained_samples(modality_pass: ModalityPass, img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
-    """Per sample, whether the pass's input was there: not dropped by ``ModalMask3D`` nor by a whole-sensor
-    corruption of the training pipeline (``camera_drop``: a camera pass does not learn to detect from black
-    views)."""
-    return tuple(modality_pass.input_name not in dropped_modalities(meta, i) for i, meta in enumerate(img_metas))
+    """Per sample, whether the pass's input arrived whole: not dropped by ``ModalMask3D``, not changed by a sensor
+    corruption of the training pipeline. A single-modality pass decodes the frames whose other sensor is gone,
+    with this sensor intact; it does not learn to find objects its sensor no longer shows (black views, a cut
+    sector, boxes without points). The fused pass trains on every sample."""
+    return tuple(modality_pass.input_name not in dropped_modalities(meta, i) | corrupted_modalities(meta)
+                 for i, meta in enumerate(img_metas))
