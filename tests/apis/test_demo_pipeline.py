@@ -2,9 +2,9 @@
 the fine-tune on sensor failures."""
 import pytest
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import (METRIC_PREFIX, SENSOR_FAILURE_EPOCHS, demo_config,
-                                                        fine_tune_epochs, metrics_table, sensor_failure_config,
-                                                        train_command, training_processes)
+from projects.mmdet3d_plugin.apis.demo_pipeline import (METRIC_PREFIX, SENSOR_FAILURE_EPOCHS, SENSOR_FAILURE_LR_SCALE,
+                                                        demo_config, fine_tune_epochs, metrics_table,
+                                                        sensor_failure_config, train_command, training_processes)
 from projects.mmdet3d_plugin.datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS
 
 
@@ -56,10 +56,14 @@ def test_the_sensor_failure_fine_tune_trains_the_demo_config_on_failures_from_it
     assert types[types.index('RandomSensorCorruption') + 1] == 'ModalMask3D'
     step = finetune.data.train.pipeline[types.index('RandomSensorCorruption')]
     assert step['corruptions'] == [dict(item) for item in SENSOR_FAILURE_CORRUPTIONS]
-    # the demo's own config is left as it was; everything but the training pipeline, epochs and start is the same
+    # the demo's own config is left as it was; everything but the training pipeline, epochs, start and rate is the same
     assert 'RandomSensorCorruption' not in [step['type'] for step in cfg.data.train.pipeline]
     assert cfg.runner.max_epochs == 12 and cfg.get('load_from') is None
-    assert finetune.model == cfg.model and finetune.data.test == cfg.data.test and finetune.optimizer == cfg.optimizer
+    assert cfg.optimizer.lr == 1.4e-3 and 0 < SENSOR_FAILURE_LR_SCALE < 1
+    assert finetune.optimizer.lr == pytest.approx(cfg.optimizer.lr * SENSOR_FAILURE_LR_SCALE)
+    assert {key: value for key, value in finetune.optimizer.items() if key != 'lr'} == {
+        key: value for key, value in cfg.optimizer.items() if key != 'lr'}
+    assert finetune.model == cfg.model and finetune.data.test == cfg.data.test and finetune.lr_config == cfg.lr_config
 
 
 def test_only_cmt_aqr_fine_tunes_on_sensor_failures_by_default_and_a_negative_count_is_refused():
