@@ -48,7 +48,7 @@ METRIC_PREFIX = 'pts_bbox_NuScenes/'
 SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
 #: The demo models that end with a fine-tune on sensor failures, and its epochs (``tools/demo.py
 #: --sensor-failure-epochs``, 0 leaves it out): CMT-AQR after 12 epochs without a failure loses 0.2 mAP without
-#: its cameras; 4 epochs on failures take it to the LiDAR-only model's level (docs/demo.md).
+#: its cameras; 4 epochs on failures take it within 0.02 of the LiDAR-only model (docs/demo.md).
 SENSOR_FAILURE_EPOCHS = dict(cmt_aqr=4)
 #: The fine-tune's learning rate, as a fraction of the demo config's (same schedule): the full rate, restarted
 #: after the cosine schedule has ended, costs clean mAP (docs/demo.md).
