@@ -42,6 +42,11 @@ def lidar(cmt_test_data):
     return _build(cmt_test_data, 'cmt_lidar_voxel0075_cbgs')
 
 
+@pytest.fixture(scope='module')
+def aqr(cmt_test_data):
+    return _build(cmt_test_data, 'cmt_aqr_voxel0100_r50_800x320_cbgs')
+
+
 @pytest.fixture
 def fresh_lidar(cmt_test_data):
     """A new LiDAR-only model: its one-time warnings have not been given yet."""
@@ -110,18 +115,32 @@ def test_batches_without_points_give_finite_boxes_and_losses(fusion, cmt_test_da
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
-def test_a_training_batch_without_points_gives_every_parameter_a_gradient(fresh_lidar, cmt_test_data):
-    """DistributedDataParallel (without find_unused_parameters) waits for a gradient of every parameter: a process
-    whose samples all lost their points (lidar_drop) skips the LiDAR encoders, which then get a zero gradient."""
-    data = cmt_test_data['random_batch']((3, 2), with_camera=False)
-    fresh_lidar.train()
-    fresh_lidar.zero_grad(set_to_none=True)
-    outputs = cmt_test_data['train_step'](fresh_lidar, dict(data, points=[_no_points(), _no_points()]))
+def _lose(data, what):
+    """Make every sample of ``data`` degenerate in the way ``what`` says."""
+    if what == 'no points':
+        data['points'] = [_no_points() for _ in data['points']]
+    for meta in data['img_metas']:
+        if what in ('points', 'image'):
+            meta['dropped_modalities'] = [what]
+        elif what == 'camera_fail':
+            meta['corruption'] = dict(mode='camera_fail', fail_prob=0.4)
+    return data
+
+
+@pytest.mark.parametrize('what, boxes', [('no points', (3, 2)), ('no ground truth', (0, 0)), ('image', (3, 2)),
+                                         ('points', (3, 2)), ('camera_fail', (3, 2))])
+def test_a_degenerate_training_batch_gives_every_parameter_a_gradient(aqr, cmt_test_data, what, boxes):
+    """DistributedDataParallel (without find_unused_parameters) waits for a gradient of every parameter in every
+    iteration, so a process whose samples all lost their points (lidar_drop), their boxes or their images must still
+    give one to each; the skipped LiDAR encoders get zero gradients."""
+    data = _lose(cmt_test_data['random_batch'](boxes), what)
+    outputs = cmt_test_data['train_step'](aqr, data)
     assert torch.isfinite(outputs['loss'])
-    missing = [name for name, p in fresh_lidar.named_parameters() if p.requires_grad and p.grad is None]
+    missing = [name for name, p in aqr.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing
-    encoders = [*fresh_lidar.pts_voxel_encoder.parameters(), *fresh_lidar.pts_middle_encoder.parameters()]
-    assert encoders and all(not p.grad.any() for p in encoders)
+    if what == 'no points':
+        encoders = [*aqr.pts_voxel_encoder.parameters(), *aqr.pts_middle_encoder.parameters()]
+        assert encoders and all(not p.grad.any() for p in encoders)
 
 
 def test_lidar_drop_corruption_gives_finite_boxes(fusion, cmt_test_data):
