@@ -1,4 +1,3 @@
-import torch
 from torch import nn
 
 from projects.mmdet3d_plugin.models.utils.zero_through_parameters import zero_through_parameters
