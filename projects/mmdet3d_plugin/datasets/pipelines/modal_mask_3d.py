@@ -7,6 +7,8 @@ from mmdet.datasets.builder import PIPELINES
 #: results / img_metas key listing the dropped modalities (read by models/aqr/aux_loss.py).
 DROPPED_MODALITIES_KEY = 'dropped_modalities'
 MODALITIES = ('points', 'image')
+#: each modality's key in the pipeline's ``results`` (also a ``SensorCorruption`` mode's ``input_keys``)
+MODALITY_RESULTS_KEYS = {'points': 'points', 'image': 'img'}
 MODES = ('train', 'test')
 #: how dropped points are dropped: zeroed in place (upstream CMT) or removed (an empty cloud)
 POINTS_DROPS = ('zero', 'remove')
@@ -32,7 +34,7 @@ def drop_modality(results: Dict, modality: str, points_drop: str = 'zero') -> No
     check_points_drop(points_drop)
     if modality not in MODALITIES:
         raise ValueError(f'unknown modality {modality!r}; expected one of {MODALITIES}')
-    key = 'points' if modality == 'points' else 'img'
+    key = MODALITY_RESULTS_KEYS[modality]
     if key not in results:
         raise KeyError(f'ModalMask3D: cannot drop {modality!r}, results has no {key!r} (load it first)')
     if modality == 'points' and points_drop == 'remove':

@@ -17,10 +17,9 @@ import torch
 from torch import Tensor
 
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
-from ...datasets.pipelines.modal_mask_3d import DROPPED_MODALITIES_KEY
+from ...datasets.pipelines.modal_mask_3d import DROPPED_MODALITIES_KEY, MODALITIES as MODALITY_NAMES
 from ...utils.host_data import host_to_device
 
-MODALITY_NAMES = ('points', 'image')
 #: The ``SensorCorruption`` modes that remove a whole modality, and the modality each removes.
 DROPPING_CORRUPTIONS = {'lidar_drop': 'points', 'camera_drop': 'image'}
 

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ...attention import restrict_keys
 from ...datasets.pipelines.corruption import CORRUPTION_KEY, corruption_mode
+from ...datasets.pipelines.modal_mask_3d import MODALITY_RESULTS_KEYS
 from ..aqr.aux_loss import dropped_modalities
 from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
 
@@ -83,8 +84,6 @@ MODALITY_PASSES: Dict[str, ModalityPass] = {
     'lidar': ModalityPass('lidar', uses_lidar=True, uses_camera=False, input_name='points'),
     'camera': ModalityPass('camera', uses_lidar=False, uses_camera=True, input_name='image'),
 }
-#: ``ModalMask3D``'s name of each input -> its pipeline ``results`` key (a ``SensorCorruption`` mode's ``input_keys``).
-MODALITY_INPUT_KEYS = {'points': 'points', 'image': 'img'}
 
 
 class DecoderMemory(NamedTuple):
@@ -308,7 +307,7 @@ def corrupted_modalities(meta: Mapping) -> Set[str]:
     if 'mode' not in corruption:
         return set()
     changed = set(corruption_mode(corruption['mode']).input_keys) - set(corruption.get('unread_inputs', ()))
-    return {modality for modality, key in MODALITY_INPUT_KEYS.items() if key in changed}
+    return {modality for modality, key in MODALITY_RESULTS_KEYS.items() if key in changed}
 
 
 def trained_samples(modality_pass: ModalityPass, img_metas: Sequence[Mapping]) -> Tuple[bool, ...]:
