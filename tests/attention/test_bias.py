@@ -209,3 +209,24 @@ def test_parts_say_what_backends_need_to_know_without_a_type_test(cases):
     for part in (window.parts[0], mask):
         with pytest.raises(TypeError, match='no low-rank form'):
             part.to_low_rank()
+
+
+def test_window_keys_computes_the_slots_once_and_the_weights_on_every_call(cases):
+    """The decoder layers share a bias: its slots are made once, its weights each time, with their gradients (also
+    after a call without gradients)."""
+    window, amplitudes = cases.make_window(2, 3, 7, window_sizes=(5, 3))
+    with torch.no_grad():
+        first = window.window_keys()
+    second = window.window_keys()
+    assert second.index is first.index and second.valid is first.valid
+    assert not first.weight.requires_grad and second.weight.requires_grad
+    fresh_amplitudes = [a.detach().clone().requires_grad_() for a in amplitudes]
+    fresh = WindowBias(window.grids, window.centres, window.valid, fresh_amplitudes, window.window_size).window_keys()
+    for keys in (first, second):
+        torch.testing.assert_close(keys.index, fresh.index, rtol=0, atol=0)
+        torch.testing.assert_close(keys.weight, fresh.weight)
+    second.weight.pow(2).sum().backward()
+    fresh.weight.pow(2).sum().backward()
+    for amplitude, expected in zip(amplitudes, fresh_amplitudes):
+        assert expected.grad.abs().sum() > 0
+        torch.testing.assert_close(amplitude.grad, expected.grad)

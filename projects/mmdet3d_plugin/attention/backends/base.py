@@ -6,6 +6,7 @@ A backend states which calls it cannot run, and why, in
 :class:`UnsupportedAttentionError` with those reasons instead of silently
 dropping a bias, a mask or dropout.
 """
+import weakref
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Type
 
@@ -116,6 +117,11 @@ class AttentionBackend:
         return self.forward(call)
 
 
+#: the dense form of each bias that no gradient flows to, per dtype, made once for the decoder layers that share the
+#: bias and freed with it
+_DENSE_BIASES: 'weakref.WeakKeyDictionary[AttentionBias, dict]' = weakref.WeakKeyDictionary()
+
+
 def dense_additive_bias(bias: Optional[AttentionBias], key_padding_mask: Optional[Tensor],
                         dtype: torch.dtype) -> Optional[Tensor]:
     """A bias and a key padding mask as one additive tensor.
@@ -125,11 +131,24 @@ def dense_additive_bias(bias: Optional[AttentionBias], key_padding_mask: Optiona
         key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
         dtype (torch.dtype): dtype of the result.
 
+    Where no gradient flows to the bias (inference), its dense form is made
+    once per dtype and reused while the bias lives: the decoder layers share
+    one bias, so they share its dense tensor. A differentiable one is made
+    on every call: a checkpointed layer (``with_cp``) recomputes its forward
+    and must save the same tensors again.
+
     Returns:
         Tensor | None: ``[bs | 1, heads | 1, Q | 1, K]`` with ``-inf`` at
         blocked and padded keys, or None when there is nothing to add.
     """
-    dense = bias.to_dense(dtype) if bias is not None else None
+    dense = None
+    if bias is not None and torch.is_grad_enabled() and bias.requires_grad:
+        dense = bias.to_dense(dtype)
+    elif bias is not None:
+        made = _DENSE_BIASES.setdefault(bias, {})
+        if dtype not in made:
+            made[dtype] = bias.to_dense(dtype)
+        dense = made[dtype]
     if key_padding_mask is not None:
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
         padding = padding.masked_fill(key_padding_mask, float('-inf'))[:, None, None]

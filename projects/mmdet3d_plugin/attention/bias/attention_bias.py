@@ -12,6 +12,11 @@ from .window import WindowBias, check_disjoint_grids
 class AttentionBias:
     """A structured additive attention bias: the sum of its parts.
 
+    A bias is a value: the decoder layers share one, and what the backends
+    derive from it (window slots, slot patterns, the dense form) is made on
+    the first call and reused while it lives, so its tensors must not be
+    changed in place once it is built (build a new bias instead).
+
     Args:
         parts (BiasPart | Sequence[BiasPart]): the terms (at least one).
         num_keys (int): K, the number of keys the bias applies to.

@@ -2,7 +2,7 @@
 local bias), its stencil and its window keys."""
 import functools
 import math
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -114,6 +114,7 @@ class WindowBias(BiasPart):
             raise ValueError(f'window_size must be odd, got {self.window_size}')
         self._check_shapes()
         check_disjoint_grids(self.grids)
+        self._slots = None
 
     def _check_shapes(self) -> None:
         sizes = None
@@ -144,10 +145,26 @@ class WindowBias(BiasPart):
                 raise ValueError(f'WindowBias grid {grid} ends at key {grid.end}, the attention has {num_keys} keys')
 
     def window_keys(self) -> WindowKeys:
-        """Gather, per query, the keys inside its windows on every grid (``L = sum of stencil sizes``)."""
-        indices, valids, weights = [], [], []
-        for grid, centres, valid, amplitude, window_size in zip(self.grids, self.centres, self.valid,
-                                                                 self.amplitude, self.window_size):
+        """Gather, per query, the keys inside its windows on every grid (``L = sum of stencil sizes``).
+
+        The slots (indices, validity, decay) depend on the centres alone and
+        are computed once per bias (the decoder layers share one); the
+        weights, which carry the amplitudes' gradients, on every call.
+        """
+        if self._slots is None:
+            self._slots = self._window_slots()
+        index, valid, decays = self._slots
+        weights = [amplitude[..., None] * decay.to(amplitude.dtype)[:, None]
+                   for amplitude, decay in zip(self.amplitude, decays)]
+        heads = max(w.size(1) for w in weights)
+        weights = [w.expand(-1, heads, -1, -1) for w in weights]
+        return WindowKeys(index, valid, weights[0] if len(weights) == 1 else torch.cat(weights, -1))
+
+    def _window_slots(self) -> Tuple[Tensor, Tensor, List[Tensor]]:
+        """The window slots of every query: ``index`` and ``valid`` ``[bs, Q, L]`` and per grid the float32 decay
+        ``[bs, Q, L_g]`` of each slot (0 where not valid)."""
+        indices, valids, decays = [], [], []
+        for grid, centres, valid, window_size in zip(self.grids, self.centres, self.valid, self.window_size):
             dy, dx, decay = window_stencil(window_size, centres.device)
             radius = window_size // 2
             steps = torch.arange(-radius, radius + 1, device=centres.device)
@@ -163,12 +180,10 @@ class WindowBias(BiasPart):
             index = centre_key[..., None] + (dy * grid.width + dx)
             indices.append(torch.where(inside, index, grid.offset))
             valids.append(inside)
-            weights.append(amplitude[..., None] * (decay.to(amplitude.dtype) * inside)[:, None])
-        heads = max(w.size(1) for w in weights)
-        weights = [w.expand(-1, heads, -1, -1) for w in weights]
+            decays.append(decay * inside)
         if len(indices) == 1:
-            return WindowKeys(indices[0], valids[0], weights[0])
-        return WindowKeys(torch.cat(indices, -1), torch.cat(valids, -1), torch.cat(weights, -1))
+            return indices[0], valids[0], decays
+        return torch.cat(indices, -1), torch.cat(valids, -1), decays
 
     def to_dense(self, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
         self.check_keys(num_keys)

@@ -36,17 +36,18 @@ size and one ``scatter_add_`` per chunk, without ``embedding_bag`` (the pattern
 knows the slots' validity, so its invalid slots never pile onto one key).
 """
 import bisect
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ....utils.host_data import device_constant, permitted_host_sync
-from ...bias import SegmentBias, WindowBias
+from ...bias import AttentionBias, SegmentBias, WindowBias, WindowKeys
 from ..base import AttentionBackend, AttentionCall
 from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
-from .window_slots import SlotPattern
+from .window_slots import SlotPattern, default_formulation
 
 #: rows whose corrected normaliser keeps less than this share of the mass it
 #: was computed from are recomputed exactly (per input dtype)
@@ -210,8 +211,8 @@ class SegmentAttentionFunction(torch.autograd.Function):
             dk, dv = dk.float(), dv.float()
             plan.window.scatter_add_(dk, d_scores, q, alpha=plan.scale)
             plan.window.scatter_add_(dv, ctx.correction_probs, grad_out)
-            segment = plan.window_segment[:, None].expand_as(d_scores)
-            d_logits = d_logits.scatter_add(-1, segment, d_scores)
+            if ctx.segment_heads is not None:
+                d_logits = d_logits.scatter_add(-1, plan.window_segment[:, None].expand_as(d_scores), d_scores)
             d_window = _sum_heads(diff.mul_(ctx.window_probs), ctx.window_heads)
         d_segment = None if ctx.segment_heads is None else _sum_heads(d_logits, ctx.segment_heads)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_segment, d_window, None
@@ -266,21 +267,40 @@ class SegmentBackend(AttentionBackend):
         windows = [part.window_keys() for part in bias.parts_of_type(WindowBias)] if bias is not None else []
         if windows:
             heads = max(w.weight.size(1) for w in windows)
-            window_index, window_valid, window_weight = (
-                pieces[0] if len(pieces) == 1 else torch.cat(pieces, -1)
-                for pieces in ([w.index for w in windows], [w.valid for w in windows],
-                              [w.weight.float().expand(-1, heads, -1, -1) for w in windows]))
-            if padding is not None:
-                bs = padding.size(0)
-                window_valid = window_valid & ~torch.gather(padding, 1, window_index.view(bs, -1)).view_as(
-                    window_index)
-            window_segment = torch.zeros_like(window_index)
-            for start, _ in bounds[1:]:  # compared with host numbers: no boundary tensor to copy to the device
-                window_segment += window_index >= start
-            window = SlotPattern(window_index, num_keys, call.q.size(1), valid=window_valid)
+            window_weight = _cat_slots([w.weight.float().expand(-1, heads, -1, -1) for w in windows])
+            layout_key = (num_keys, call.q.size(1), tuple(bounds), default_formulation(call.q.device))
+            cached = _WINDOW_LAYOUTS.get(bias, {}) if padding is None else {}
+            if layout_key not in cached:
+                cached[layout_key] = _window_layout(windows, bounds, padding, num_keys, call.q.size(1))
+                if padding is None:
+                    _WINDOW_LAYOUTS[bias] = cached
+            window, window_valid, window_segment = cached[layout_key]
         tolerance = CANCELLATION_TOLERANCE.get(call.q.dtype, DEFAULT_CANCELLATION_TOLERANCE)
         plan = SegmentPlan(bounds, key_masks, empty, window, window_valid, window_segment, call.scale, tolerance)
         return plan, segment_values, window_weight
+
+
+#: the window layout of each bias (its slot pattern, validity and segments) per (keys, heads, bounds, formulation),
+#: made once for the decoder layers that share the bias and freed with it
+_WINDOW_LAYOUTS: 'weakref.WeakKeyDictionary[AttentionBias, dict]' = weakref.WeakKeyDictionary()
+
+
+def _cat_slots(pieces: List[Tensor]) -> Tensor:
+    """Per-window slot tensors ``[..., L_i]`` side by side (no copy for one window)."""
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, -1)
+
+
+def _window_layout(windows: List[WindowKeys], bounds: List[Tuple[int, int]], padding: Optional[Tensor],
+                   num_keys: int, num_heads: int) -> Tuple[SlotPattern, Tensor, Tensor]:
+    """The slot pattern of the windows' keys, their validity (padded keys invalid) and the segment of each slot,
+    all ``[bs, Q, L]``."""
+    index, valid = _cat_slots([w.index for w in windows]), _cat_slots([w.valid for w in windows])
+    if padding is not None:
+        valid = valid & ~torch.gather(padding, 1, index.view(padding.size(0), -1)).view_as(index)
+    segment = torch.zeros_like(index)
+    for start, _ in bounds[1:]:  # compared with host numbers: no boundary tensor to copy to the device
+        segment += index >= start
+    return SlotPattern(index, num_keys, num_heads, valid=valid), valid, segment
 
 
 def _recompute_cancelled_rows(call: AttentionCall, out: Tensor, retained: Tensor, tolerance: float) -> Tensor:

@@ -12,19 +12,23 @@ over them, for all samples and heads at once:
 Three formulations compute them (``formulation=``, default per device type in
 :data:`FORMULATIONS`):
 
-* ``'sparse'`` (the CPU's): ``dot`` is a batched ``torch.sparse.sampled_addmm``
-  on a CSR pattern, ``weighted_sum`` one ``embedding_bag`` over the stacked
-  per-(sample, head) key tables, ``scatter_add_`` one ``embedding_bag`` over
-  the inverse pattern (a bag per key). None writes a ``[Q, L, d]`` copy of the
-  keys and each is one kernel call for the whole batch: fast on the CPU. Off
-  the CPU ``dot`` gathers the keys instead (sparse CSR tensors have no
-  fake-tensor kernels), and the two ``embedding_bag`` products are slow
+* ``'sparse'`` (the CPU's): ``dot`` is one ``torch.sparse.sampled_addmm``
+  on a CSR pattern with a row per (sample, head, query), ``weighted_sum`` one
+  ``embedding_bag`` with the same rows as bags, ``scatter_add_`` one
+  ``embedding_bag`` over the inverse pattern (a bag per key). ``dot`` and
+  ``weighted_sum`` read the keys through :func:`key_major_rows`, the
+  ``[bs * K * heads, d]`` table of rows ``(b, k, h)`` that the attention
+  modules' split-head views ``[bs, K, heads, d] -> [bs, heads, K, d]``
+  already are, so no key table is copied (a ``[bs, heads, K, d]``-contiguous
+  table is copied once into that order); ``dot`` writes into fresh values of
+  a pattern that shares the slots' indices. None writes a ``[Q, L, d]`` copy
+  of the keys and each is one kernel call for the whole batch: fast on the
+  CPU. Off the CPU ``dot`` gathers the keys instead (sparse CSR tensors have
+  no fake-tensor kernels), and the two ``embedding_bag`` products are slow
   (issue 37: 128 ms in 28 calls per VoV training step on an H200): every
   invalid slot points at key 0 (or a grid's first key) with weight 0, so one
   bag of the inverse pattern holds tens of thousands of entries and is
-  reduced serially, bags of ``d = 32`` give a GPU little parallelism, and
-  ``.reshape(-1, d)`` of a transposed ``[bs, heads, K, d]`` view copies the
-  whole key table on every call.
+  reduced serially, and bags of ``d = 32`` give a GPU little parallelism.
 * ``'gather'`` (every other device's): no ``embedding_bag`` and no copy of a
   key table. ``dot`` and ``weighted_sum`` gather the slots' rows of ``x``
   straight from its ``[bs, heads, K, d]`` view (any strides, in ``x``'s own
@@ -130,30 +134,31 @@ class SlotPattern:
         if self.formulation == 'triton' and index.device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
             raise ValueError(f"the 'triton' slot products run on CUDA tensors, or on the CPU under Triton's "
                              f'interpreter (TRITON_INTERPRET=1); got {index.device.type} tensors')
-        self._csr = self._bags = self._inverse = self._spread = None
+        self._csr = self._columns = self._inverse = self._spread = None
         # the Triton kernels load the validity as bytes: converted once here, not in every product
         self._valid_bytes = valid.to(torch.uint8) if self.formulation == 'triton' and valid is not None else None
         if self.formulation == 'sparse':
-            bs, num_queries, length = index.shape
-            tables = bs * num_heads
-            self._csr = self._sampled_pattern(index, num_keys, num_heads) if index.device.type == 'cpu' else None
-            # row of key k of (sample b, head h) in the stacked [bs * heads * K, d] table
-            table_start = (torch.arange(tables, device=index.device) * num_keys).view(bs, num_heads, 1, 1)
-            self._bags = (index[:, None] + table_start).view(tables * num_queries, length)
+            self._columns = self._slot_columns(index, num_keys, num_heads)
+            if index.device.type == 'cpu':
+                self._csr = self._sampled_pattern(self._columns, index.size(0) * num_keys * num_heads)
 
     @staticmethod
-    def _sampled_pattern(index: Tensor, num_keys: int, num_heads: int) -> Tensor:
-        """The slots as a batched CSR pattern ``[bs * heads, Q, max(K, L)]`` for ``sampled_addmm``."""
+    def _slot_columns(index: Tensor, num_keys: int, num_heads: int) -> Tensor:
+        """The row of every slot's key in the :func:`key_major_rows` table: ``[bs * heads * Q, L]``, row
+        ``(b, h, q)`` holding ``(b * K + index[b, q, j]) * heads + h``."""
         bs, num_queries, length = index.shape
-        tables = bs * num_heads
-        # sampled_addmm fails when a pattern has more entries than its dense shape: widen tiny key sets
-        crow = torch.arange(0, num_queries * length + 1, length, device=index.device).expand(tables, -1)
-        columns = index.reshape(bs, 1, -1).expand(-1, num_heads, -1).reshape(tables, -1)
-        values = torch.zeros(columns.shape, dtype=torch.float32, device=index.device)
-        with warnings.catch_warnings():
-            warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-            return torch.sparse_csr_tensor(crow.contiguous(), columns, values,
-                                           size=(tables, num_queries, max(num_keys, length)), check_invariants=False)
+        heads = torch.arange(num_heads, device=index.device).view(1, num_heads, 1, 1)
+        sample_start = (torch.arange(bs, device=index.device) * num_keys).view(bs, 1, 1)
+        return (((index + sample_start) * num_heads)[:, None] + heads).view(-1, length)
+
+    @staticmethod
+    def _sampled_pattern(columns: Tensor, num_columns: int) -> Tensor:
+        """The slots as the crow and column indices of one CSR pattern ``[bs * heads * Q, max(bs * K * heads, L)]``
+        (see :meth:`_sampled_dot`)."""
+        rows, length = columns.shape
+        crow = torch.arange(0, rows * length + 1, length, device=columns.device)
+        # sampled_addmm fails when a row has more entries than the pattern has columns: widen tiny key sets
+        return crow, columns.view(-1), (rows, max(num_columns, length))
 
     def _inverse_pattern(self) -> Tuple[Tensor, Tensor, Tensor]:
         """Slots sorted by key: their order ``[bs, heads, Q*L]``, their stacked query rows and each bag's start."""
@@ -183,14 +188,22 @@ class SlotPattern:
         a = a.float() * scale if scale != 1.0 else a.float()
         if self._csr is None:
             return self.gathered_dot(a, x)
-        bs, heads, num_queries, dim = a.shape
-        x = x.float()
-        num_columns = self._csr.size(-1)
-        if num_columns > self.num_keys:
-            x = F.pad(x, (0, 0, 0, num_columns - self.num_keys))
-        out = torch.sparse.sampled_addmm(self._csr, a.reshape(-1, num_queries, dim),
-                                         x.reshape(-1, num_columns, dim).transpose(1, 2), beta=0.0)
-        return out.values().view(bs, heads, num_queries, -1)
+        return self._sampled_dot(a, x)
+
+    def _sampled_dot(self, a: Tensor, x: Tensor) -> Tensor:
+        """:meth:`dot` as one ``sampled_addmm`` of the ``[bs * heads * Q, d]`` rows of ``a`` and the
+        :func:`key_major_rows` table of ``x``, written into a pattern of fresh values that shares the slots' indices
+        (``out=`` the pattern itself: no copy of the indices)."""
+        crow, columns, size = self._csr
+        table = key_major_rows(x.float())
+        if size[1] > table.size(0):
+            table = F.pad(table, (0, 0, 0, size[1] - table.size(0)))
+        values = torch.zeros(columns.shape, dtype=torch.float32, device=columns.device)  # beta=0 still reads them
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
+            pattern = torch.sparse_csr_tensor(crow, columns, values, size=size, check_invariants=False)
+        torch.sparse.sampled_addmm(pattern, a.reshape(-1, a.size(-1)), table.t(), beta=0.0, out=pattern)
+        return values.view(*a.shape[:3], -1)
 
     def gathered_dot(self, a: Tensor, x: Tensor) -> Tensor:
         """``a . x`` at the slots through gathered copies of the slots' keys, chunk by chunk of queries."""
@@ -208,8 +221,8 @@ class SlotPattern:
             return _cat_queries([
                 torch.einsum('bhql,bhqld->bhqd', weights[:, :, start:end], self._gather_rows(x, start, end))
                 for start, end in self._chunks(heads, x.size(-1))])
-        out = F.embedding_bag(self._bags, x.float().reshape(-1, x.size(-1)),
-                              per_sample_weights=weights.reshape(-1, length), mode='sum')
+        out = F.embedding_bag(self._columns, key_major_rows(x.float()), per_sample_weights=weights.reshape(-1, length),
+                              mode='sum')
         return out.view(bs, heads, num_queries, -1)
 
     def scatter_add_(self, target: Tensor, weights: Tensor, a: Tensor, alpha: float = 1.0) -> None:
@@ -297,6 +310,15 @@ def _slot_kernels():
         raise ImportError(f"the 'triton' slot products need the triton package (installed with CUDA builds of "
                           f'torch): {error}') from error
     return slot_kernels
+
+
+def key_major_rows(x: Tensor) -> Tensor:
+    """``[bs, heads, n, d]`` as the ``[bs * n * heads, d]`` table of its rows in ``(b, n, h)`` order.
+
+    Free (a view) for the layout the attention modules have, a ``[bs, n, heads, d]`` tensor with its heads split
+    off by ``transpose(1, 2)``; a copy otherwise.
+    """
+    return x.transpose(1, 2).reshape(-1, x.size(-1))
 
 
 def _cat_queries(chunks: List[Tensor]) -> Tensor:
