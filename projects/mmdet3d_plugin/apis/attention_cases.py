@@ -87,13 +87,17 @@ def make_bias(case: dict, factors: dict, device, requires_grad: bool) -> Attenti
 
 def build_inputs(case: dict) -> dict:
     """q, k, v ``[bs, heads, Q or K, head_dim]``, the bias, the tensors gradients are taken for (``leaves``:
-    q, k, v and, but for :data:`BASELINE`, the bias's) and ``grad_out`` ``[bs, heads, Q, head_dim]``."""
+    q, k, v and, but for :data:`BASELINE`, the bias's) and ``grad_out`` ``[bs, heads, Q, head_dim]``.
+
+    q, k and v are laid out as the attention modules pass them: split-head views of ``[bs, L, heads, head_dim]``
+    tensors (``PETRMultiheadFlashAttention`` projects ``[bs, L, C]`` and splits the heads with a transpose).
+    """
     generator = torch.Generator().manual_seed(case['seed'])
     device, dtype = torch.device(case['device']), DTYPES[case['dtype']]
     needs_grad = case['pass'] == 'fwdbwd'
     bs, heads, dim = case['batch'], case['heads'], case['head_dim']
-    q, k, v = (torch.randn(bs, heads, n, dim, generator=generator).to(device, dtype).requires_grad_(needs_grad)
-               for n in (case['queries'], num_keys(case['layout']), num_keys(case['layout'])))
+    q, k, v = (torch.randn(bs, n, heads, dim, generator=generator).to(device, dtype).transpose(1, 2)
+               .requires_grad_(needs_grad) for n in (case['queries'], num_keys(case['layout']), num_keys(case['layout'])))
     bias = make_bias(case, build_bias_factors(case, generator), device, needs_grad)
     leaves = [q, k, v]
     if case['backend'] != BASELINE:
