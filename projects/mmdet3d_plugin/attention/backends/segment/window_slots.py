@@ -177,7 +177,7 @@ class SlotPattern:
     def dot(self, a: Tensor, x: Tensor, scale: float = 1.0) -> Tensor:
         """``scale * a . x`` at the slots: ``[bs, heads, Q, d]``, ``[bs, heads, K, d]`` -> ``[bs, heads, Q, L]``.
 
-        On the CPU (``'sparse'``) a batched ``sampled_addmm``; otherwise the
+        On the CPU (``'sparse'``) one ``sampled_addmm``; otherwise the
         slots' keys are gathered in chunks of queries and multiplied, a
         fixed-shape kernel that traces under ``FakeTensorMode``. Both compute
         the same products (tested against each other on the CPU). Invalid
