@@ -6,9 +6,8 @@ A backend states which calls it cannot run, and why, in
 :class:`UnsupportedAttentionError` with those reasons instead of silently
 dropping a bias, a mask or dropout.
 """
-import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Type
+from typing import List, Optional, Tuple, Type, Union
 
 import torch
 from torch import Tensor
@@ -117,21 +116,17 @@ class AttentionBackend:
         return self.forward(call)
 
 
-#: the dense form of each bias that no gradient flows to, per dtype, made once for the decoder layers that share the
-#: bias and freed with it
-_DENSE_BIASES: 'weakref.WeakKeyDictionary[AttentionBias, dict]' = weakref.WeakKeyDictionary()
-
-
-def dense_additive_bias(bias: Optional[AttentionBias], key_padding_mask: Optional[Tensor],
+def dense_additive_bias(bias: Optional[Union[AttentionBias, Tensor]], key_padding_mask: Optional[Tensor],
                         dtype: torch.dtype) -> Optional[Tensor]:
     """A bias and a key padding mask as one additive tensor.
 
     Args:
-        bias (AttentionBias, optional): the structured bias.
+        bias (AttentionBias | Tensor, optional): the structured bias, or a
+            dense additive one (the eager reference attention's masks).
         key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
         dtype (torch.dtype): dtype of the result.
 
-    Where no gradient flows to the bias (inference), its dense form is made
+    Where no gradient flows to a structured bias (inference), its dense form is made
     once per dtype and reused while the bias lives: the decoder layers share
     one bias, so they share its dense tensor. A differentiable one is made
     on every call: a checkpointed layer (``with_cp``) recomputes its forward
@@ -142,13 +137,10 @@ def dense_additive_bias(bias: Optional[AttentionBias], key_padding_mask: Optiona
         blocked and padded keys, or None when there is nothing to add.
     """
     dense = None
-    if bias is not None and torch.is_grad_enabled() and bias.requires_grad:
-        dense = bias.to_dense(dtype)
+    if isinstance(bias, AttentionBias) and not (torch.is_grad_enabled() and bias.requires_grad):
+        dense = bias.derived(('dense', dtype), lambda: bias.to_dense(dtype))
     elif bias is not None:
-        made = _DENSE_BIASES.setdefault(bias, {})
-        if dtype not in made:
-            made[dtype] = bias.to_dense(dtype)
-        dense = made[dtype]
+        dense = bias.to_dense(dtype)
     if key_padding_mask is not None:
         padding = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
         padding = padding.masked_fill(key_padding_mask, float('-inf'))[:, None, None]

@@ -1,5 +1,5 @@
 """The :class:`AttentionBias`: a sum of bias parts over the keys of one call, and the functions that take any bias."""
-from typing import List, Optional, Sequence, Union
+from typing import Callable, Hashable, List, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import Tensor
@@ -8,14 +8,17 @@ from .dense import DenseBias
 from .part import _SHAPE_NAMES, BiasPart, _to_int
 from .window import WindowBias, check_disjoint_grids
 
+T = TypeVar('T')
+
 
 class AttentionBias:
     """A structured additive attention bias: the sum of its parts.
 
     A bias is a value: the decoder layers share one, and what the backends
-    derive from it (window slots, slot patterns, the dense form) is made on
-    the first call and reused while it lives, so its tensors must not be
-    changed in place once it is built (build a new bias instead).
+    derive from it (window slots, slot patterns, the dense form:
+    :meth:`derived`) is made on the first call and reused while it lives, so
+    its tensors must not be changed in place once it is built (build a new
+    bias instead).
 
     Args:
         parts (BiasPart | Sequence[BiasPart]): the terms (at least one).
@@ -46,6 +49,14 @@ class AttentionBias:
             sizes.append(max(values))
         self.batch_size, self.num_heads, self.num_queries = sizes
         check_disjoint_grids([grid for part in self.parts_of_type(WindowBias) for grid in part.grids])
+        self._derived = {}
+
+    def derived(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What a backend derives from this bias, made by ``make`` on the first call with ``key`` and returned again
+        on the later ones while the bias lives (the decoder layers share one bias)."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def parts_of_type(self, cls) -> List[BiasPart]:
         """The parts that are instances of ``cls``."""

@@ -44,6 +44,11 @@ def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tenso
             device_constant(decay, device, torch.float32))
 
 
+def cat_slots(pieces: Sequence[Tensor]) -> Tensor:
+    """Per-window (or per-grid) slot tensors ``[..., L_i]`` side by side on the slot dim (no copy for one)."""
+    return pieces[0] if len(pieces) == 1 else torch.cat(list(pieces), -1)
+
+
 class WindowKeys:
     """The keys a :class:`WindowBias` touches, gathered per query.
 
@@ -157,8 +162,7 @@ class WindowBias(BiasPart):
         weights = [amplitude[..., None] * decay.to(amplitude.dtype)[:, None]
                    for amplitude, decay in zip(self.amplitude, decays)]
         heads = max(w.size(1) for w in weights)
-        weights = [w.expand(-1, heads, -1, -1) for w in weights]
-        return WindowKeys(index, valid, weights[0] if len(weights) == 1 else torch.cat(weights, -1))
+        return WindowKeys(index, valid, cat_slots([w.expand(-1, heads, -1, -1) for w in weights]))
 
     def _window_slots(self) -> Tuple[Tensor, Tensor, List[Tensor]]:
         """The window slots of every query: ``index`` and ``valid`` ``[bs, Q, L]`` and per grid the float32 decay
@@ -181,9 +185,7 @@ class WindowBias(BiasPart):
             indices.append(torch.where(inside, index, grid.offset))
             valids.append(inside)
             decays.append(decay * inside)
-        if len(indices) == 1:
-            return indices[0], valids[0], decays
-        return torch.cat(indices, -1), torch.cat(valids, -1), decays
+        return cat_slots(indices), cat_slots(valids), decays
 
     def to_dense(self, num_keys: int, dtype: torch.dtype = torch.float32) -> Tensor:
         self.check_keys(num_keys)

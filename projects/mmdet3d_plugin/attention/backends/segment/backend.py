@@ -36,14 +36,14 @@ size and one ``scatter_add_`` per chunk, without ``embedding_bag`` (the pattern
 knows the slots' validity, so its invalid slots never pile onto one key).
 """
 import bisect
-import weakref
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ....utils.host_data import device_constant, permitted_host_sync
-from ...bias import AttentionBias, SegmentBias, WindowBias, WindowKeys
+from ...bias import SegmentBias, WindowBias, WindowKeys
+from ...bias.window import cat_slots
 from ..base import AttentionBackend, AttentionCall
 from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
@@ -267,34 +267,26 @@ class SegmentBackend(AttentionBackend):
         windows = [part.window_keys() for part in bias.parts_of_type(WindowBias)] if bias is not None else []
         if windows:
             heads = max(w.weight.size(1) for w in windows)
-            window_weight = _cat_slots([w.weight.float().expand(-1, heads, -1, -1) for w in windows])
-            layout_key = (num_keys, call.q.size(1), tuple(bounds), default_formulation(call.q.device))
-            cached = _WINDOW_LAYOUTS.get(bias, {}) if padding is None else {}
-            if layout_key not in cached:
-                cached[layout_key] = _window_layout(windows, bounds, padding, num_keys, call.q.size(1))
-                if padding is None:
-                    _WINDOW_LAYOUTS[bias] = cached
-            window, window_valid, window_segment = cached[layout_key]
+            window_weight = cat_slots([w.weight.float().expand(-1, heads, -1, -1) for w in windows])
+
+            def layout() -> Tuple[SlotPattern, Tensor, Tensor]:
+                return _window_layout(windows, bounds, padding, num_keys, call.q.size(1))
+
+            if padding is None:  # padding changes the slots' validity: such calls make their own
+                key = ('window_layout', num_keys, call.q.size(1), tuple(bounds), default_formulation(call.q.device))
+                window, window_valid, window_segment = bias.derived(key, layout)
+            else:
+                window, window_valid, window_segment = layout()
         tolerance = CANCELLATION_TOLERANCE.get(call.q.dtype, DEFAULT_CANCELLATION_TOLERANCE)
         plan = SegmentPlan(bounds, key_masks, empty, window, window_valid, window_segment, call.scale, tolerance)
         return plan, segment_values, window_weight
-
-
-#: the window layout of each bias (its slot pattern, validity and segments) per (keys, heads, bounds, formulation),
-#: made once for the decoder layers that share the bias and freed with it
-_WINDOW_LAYOUTS: 'weakref.WeakKeyDictionary[AttentionBias, dict]' = weakref.WeakKeyDictionary()
-
-
-def _cat_slots(pieces: List[Tensor]) -> Tensor:
-    """Per-window slot tensors ``[..., L_i]`` side by side (no copy for one window)."""
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, -1)
 
 
 def _window_layout(windows: List[WindowKeys], bounds: List[Tuple[int, int]], padding: Optional[Tensor],
                    num_keys: int, num_heads: int) -> Tuple[SlotPattern, Tensor, Tensor]:
     """The slot pattern of the windows' keys, their validity (padded keys invalid) and the segment of each slot,
     all ``[bs, Q, L]``."""
-    index, valid = _cat_slots([w.index for w in windows]), _cat_slots([w.valid for w in windows])
+    index, valid = cat_slots([w.index for w in windows]), cat_slots([w.valid for w in windows])
     if padding is not None:
         valid = valid & ~torch.gather(padding, 1, index.view(padding.size(0), -1)).view_as(index)
     segment = torch.zeros_like(index)
