@@ -47,8 +47,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--biases', nargs='+', choices=['global', 'local'], default=DEFAULTS.biases)
     parser.add_argument('--passes', nargs='+', choices=['fwd', 'fwdbwd'], default=DEFAULTS.passes)
     parser.add_argument('--backends', nargs='+', default=None,
-                        help='backends to time (default: segment, segment+recompute, flashbias, sdpa; cuda adds flex, '
-                        'flash_attn); '
+                        help='backends to time (default: segment, segment+recompute, flashbias, sdpa; cuda adds '
+                        'tiled_bias, flex, flash_attn); '
                         f'{SEGMENT_WITH_RECOMPUTE!r} adds the cost of segment\'s accelerator recomputation')
     parser.add_argument('--repeats', type=int, default=DEFAULTS.repeats, help='timed runs per backend (median reported)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')

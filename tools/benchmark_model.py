@@ -10,6 +10,8 @@ Examples::
     python tools/benchmark_model.py --shapes vov --modes train --freeze img_backbone
     # the full VoV training step, with the image backbone's activations checkpointed (about 12 GB)
     python tools/benchmark_model.py --shapes vov --modes train --cfg-options model.img_backbone.with_cp=True
+    # on a GPU, the AQR biases through the tiled_bias kernels
+    python tools/benchmark_model.py --device cuda --pairs 3 --prefer-backend tiled_bias
     # any two configs; tiny shapes (seconds)
     python tools/benchmark_model.py --configs A.py B.py --tiny
 
@@ -29,6 +31,7 @@ from mmcv import DictAction
 from projects.mmdet3d_plugin.apis.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
                                                           run_model_benchmark)
 from projects.mmdet3d_plugin.apis.model_benchmark_tables import markdown_tables
+from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
 from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATION_NAMES, default_formulation,
                                                                               set_formulation)
 
@@ -68,6 +71,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="the window slot products of the local bias and the router's window attention on "
                              "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
                              'kernels, CUDA only)')
+    parser.add_argument('--prefer-backend', choices=sorted(BACKENDS),
+                        help="the attention backend 'auto' tries first for the AQR biases on --device (e.g. "
+                             "tiled_bias: the bias inside the kernel's tiles, CUDA only); calls it cannot run fall "
+                             'back to the usual choice, logged')
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.warmup < 0 or (args.boxes is not None and args.boxes < 1):
@@ -81,9 +88,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     if args.slot_formulation:
         set_formulation(args.device, args.slot_formulation)
+    if args.prefer_backend:
+        dispatch.set_structured_bias_first(torch.device(args.device).type, args.prefer_backend)
     report = run_model_benchmark(ModelBenchmarkOptions(**{k: v for k, v in vars(args).items()
-                                                          if k not in ('out', 'slot_formulation')}))
-    report['settings'].update(out=args.out, slot_formulation=default_formulation(args.device))
+                                                          if k not in ('out', 'slot_formulation', 'prefer_backend')}))
+    report['settings'].update(out=args.out, slot_formulation=default_formulation(args.device),
+                              prefer_backend=args.prefer_backend)
     print('\n' + markdown_tables(report['results']))
     if args.out:
         with open(args.out, 'w') as f:

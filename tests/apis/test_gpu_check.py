@@ -56,3 +56,6 @@ def test_accuracy_table_runs_the_other_window_slot_formulations_on_the_local_bia
     assert [backend for backend, _ in gpu_check._accuracy_rows('cuda', 'local')][-1] == 'segment'
     assert gpu_check._accuracy_rows('cuda', 'local')[-1][1] == 'triton'
     assert all(formulation is None for _, formulation in gpu_check._accuracy_rows('cuda', 'global'))
+    for kind in gpu_check.BIAS_KINDS:  # the backend auto does not pick yet: every bias kind, on CUDA only
+        assert ('tiled_bias', None) in gpu_check._accuracy_rows('cuda', kind)
+        assert 'tiled_bias' not in [backend for backend, _ in gpu_check._accuracy_rows('cpu', kind)]

@@ -59,7 +59,7 @@ class BenchmarkOptions:
         biases (list[str]): ``global`` and/or ``local``.
         passes (list[str]): ``fwd`` and/or ``fwdbwd``.
         backends (list[str], optional): default segment, segment+recompute,
-            flashbias, sdpa (CUDA adds flex, flash_attn).
+            flashbias, sdpa (CUDA adds tiled_bias, flex, flash_attn).
         repeats (int): timed runs per backend (the median is reported).
         device (str): ``cpu`` or ``cuda``.
         dtype (str, optional): default float32 on the CPU, float16 on CUDA.
@@ -98,7 +98,7 @@ class BenchmarkOptions:
         o = dataclasses.replace(self)
         if o.quick:
             o.layouts, o.queries, o.batch_sizes, o.repeats = ['quick'], [32], [1], 3
-            o.backends = o.backends or ['segment', 'flashbias', 'flex', 'sdpa', 'math', 'flash_attn']
+            o.backends = o.backends or ['segment', 'flashbias', 'flex', 'sdpa', 'math', 'flash_attn', 'tiled_bias']
             o.memory = 'none' if o.memory == 'auto' else o.memory
         if o.crossover:
             o.layouts = o.layouts or ['quick', 'demo', 'r50']
@@ -113,7 +113,7 @@ class BenchmarkOptions:
         o.min_sample_ms = o.min_sample_ms or 0.0
         if o.backends is None:
             o.backends = (['segment', SEGMENT_WITH_RECOMPUTE, 'flashbias', 'sdpa']
-                          + (['flex', 'flash_attn'] if o.device == 'cuda' else []))
+                          + (['tiled_bias', 'flex', 'flash_attn'] if o.device == 'cuda' else []))
         if o.dtype is None:
             o.dtype = 'float16' if o.device == 'cuda' else 'float32'
         if o.memory == 'auto':

@@ -17,7 +17,9 @@ run; :func:`failure_summary` names every failure:
    (``UnsupportedAttentionError``) is reported, not failed; ``auto`` itself
    must run every case. The local biases also run ``segment`` with the window
    slot formulations that are not the device's default
-   (:data:`EXTRA_SLOT_FORMULATIONS`: the fused Triton kernels on CUDA).
+   (:data:`EXTRA_SLOT_FORMULATIONS`: the fused Triton kernels on CUDA), and
+   every case runs the backends ``auto`` does not pick yet
+   (:data:`EXTRA_BACKENDS`: ``tiled_bias`` on CUDA).
 2. **alpha** (:func:`check_alpha_gradients`). ``AttentionBiasGenerator``
    (global and local bias) builds the bias from random AQR weights and
    projections; the gradient of its learned ``alpha`` through ``auto``
@@ -62,6 +64,8 @@ BIAS_KINDS = ('none', 'global', 'local', 'both')
 #: window slot formulations checked besides the device's default, as ``segment`` rows of the local biases
 #: (``attention/backends/segment/window_slots.py``; 'triton' where the triton package is installed)
 EXTRA_SLOT_FORMULATIONS = {'cuda': ('triton', ), 'cpu': ('gather', )}
+#: backends ``auto`` does not pick (yet) whose accuracy is checked too, per device type, where they can run
+EXTRA_BACKENDS = {'cuda': ('tiled_bias', )}
 
 
 @dataclass
@@ -196,7 +200,7 @@ def check_accuracy(options: GpuCheckOptions) -> List[str]:
 def _accuracy_rows(device: str, kind: str) -> List[Tuple[str, Optional[str]]]:
     """(backend, window slot formulation or None for the default) of the accuracy table's rows of a bias kind."""
     device_type = torch.device(device).type
-    rows = [(backend, None) for backend in AUTO_CANDIDATES[device_type]]
+    rows = [(backend, None) for backend in AUTO_CANDIDATES[device_type] + EXTRA_BACKENDS.get(device_type, ())]
     if kind in ('local', 'both'):
         extra = [name for name in EXTRA_SLOT_FORMULATIONS.get(device_type, ())
                  if name != 'triton' or importlib.util.find_spec('triton') is not None]

@@ -25,6 +25,11 @@ Every list holds only exact backends, so choosing by size never drops a bias
 or runs an inexact path; :func:`select_backend` says which backend ``auto``
 runs and why (the reason names the size, the threshold and its key).
 
+``tiled_bias`` (the bias computed inside the tiles of a Triton kernel) is
+exact but not yet timed on a GPU, so ``auto`` picks it only where
+:data:`STRUCTURED_BIAS_FIRST` names it for the device type (the benchmarks'
+``--prefer-backend`` does, for a measurement).
+
 ``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures
 learned bias tensors has unverified gradients (pytorch/pytorch#162228) and
 shapes that were never traced here; it runs only when named explicitly.
@@ -88,6 +93,17 @@ CUDA_DENSE_BIAS_MAX_ELEMENTS = {
 }
 #: device types with a size rule (:func:`size_rule`); elsewhere ``auto`` keeps ``segment`` first at every size
 SIZE_RULE_DEVICES = ('cpu', 'cuda')
+#: per device type, the backend ``auto`` tries first for every call with a structured bias (before the size rule's
+#: list; when it cannot run a call, the log line says why and the list runs). Empty by default;
+#: :func:`set_structured_bias_first` fills it (``tools/benchmark_*.py --prefer-backend``)
+STRUCTURED_BIAS_FIRST = {}
+
+
+def set_structured_bias_first(device_type: str, backend: str) -> None:
+    """Make ``auto`` try ``backend`` first for structured biases on ``device_type`` (:data:`STRUCTURED_BIAS_FIRST`)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend '{backend}'; choose from {list(BACKENDS)}")
+    STRUCTURED_BIAS_FIRST[device_type] = backend
 
 
 def size_rule(device_type: str) -> Tuple[str, dict]:
@@ -121,6 +137,16 @@ def _auto_order(call: AttentionCall) -> Tuple[Tuple[str, ...], str]:
     if not structured:
         return (('flash_attn', 'sdpa', 'math') if call.device_type == 'cuda' else ('sdpa', 'math')), \
             'no structured bias'
+    order, why = _structured_order(call)
+    first = STRUCTURED_BIAS_FIRST.get(call.device_type)
+    if first is None:
+        return order, why
+    return (first, ) + tuple(name for name in order if name != first), \
+        f'{why}; {first} first for structured biases on {call.device_type} (STRUCTURED_BIAS_FIRST)'
+
+
+def _structured_order(call: AttentionCall) -> Tuple[Tuple[str, ...], str]:
+    """The size rule's preference list for a call with a structured bias, and why."""
     rule, thresholds = size_rule(call.device_type)
     key = size_rule_key(call)
     if key not in thresholds:

@@ -1,5 +1,5 @@
-"""Attention backends, one per module, each stating what it cannot apply (``segment`` is a sub-package: the
-backend with its fused kernels, window slot products and exact row recomputation).
+"""Attention backends, one per module, each stating what it cannot apply (``segment`` and ``tiled_bias`` are
+sub-packages: a backend with its kernels and helpers).
 
 ``BACKENDS`` maps a backend name to its instance; ``apply_attention`` in
 ``..dispatch`` picks one (``backend='auto'``) or runs the one asked for.
@@ -11,15 +11,16 @@ from .flex import FlexBackend
 from .math import MathBackend, reference_attention, reference_probabilities
 from .sdpa import SdpaBackend
 from .segment import SegmentBackend
+from .tiled_bias import TiledBiasBackend
 
 BACKENDS = {
     backend.name: backend
     for backend in (MathBackend(), SdpaBackend(), SegmentBackend(), FlashBiasBackend(), FlexBackend(),
-                    FlashAttnBackend())
+                    FlashAttnBackend(), TiledBiasBackend())
 }
 
 __all__ = [
     'AttentionBackend', 'AttentionCall', 'UnsupportedAttentionError', 'BACKENDS', 'MathBackend', 'SdpaBackend',
-    'SegmentBackend', 'FlashBiasBackend', 'FlexBackend', 'FlashAttnBackend', 'reference_attention',
+    'SegmentBackend', 'FlashBiasBackend', 'FlexBackend', 'FlashAttnBackend', 'TiledBiasBackend', 'reference_attention',
     'reference_probabilities'
 ]

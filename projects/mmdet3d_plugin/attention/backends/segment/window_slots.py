@@ -59,13 +59,14 @@ and ``'triton'`` formulations forced on the CPU against ``math``). All
 products run in float32.
 """
 import contextlib
-import os
 import warnings
 from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..triton_device import triton_not_supported_reasons
 
 #: formulation of the products per device type; a device type not listed takes ``'gather'``. Tests force
 #: ``'gather'`` / ``'triton'`` on the CPU through it, and a GPU benchmark can set ``'cuda': 'sparse'`` for the old
@@ -131,9 +132,10 @@ class SlotPattern:
         self.formulation = default_formulation(index.device) if formulation is None else formulation
         if self.formulation not in FORMULATION_NAMES:
             raise ValueError(f'formulation must be one of {FORMULATION_NAMES}, got {self.formulation!r}')
-        if self.formulation == 'triton' and index.device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
-            raise ValueError(f"the 'triton' slot products run on CUDA tensors, or on the CPU under Triton's "
-                             f'interpreter (TRITON_INTERPRET=1); got {index.device.type} tensors')
+        if self.formulation == 'triton':
+            reasons = triton_not_supported_reasons(index.device.type, "the 'triton' slot products")
+            if reasons:
+                raise ValueError('; '.join(reasons))
         self._csr = self._columns = self._inverse = self._spread = None
         # the Triton kernels load the validity as bytes: converted once here, not in every product
         self._valid_bytes = valid.to(torch.uint8) if self.formulation == 'triton' and valid is not None else None
