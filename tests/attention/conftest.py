@@ -5,6 +5,9 @@ then 2 keys on no grid: K = 85, not a multiple of 8. The global bias has two
 segments (35 BEV keys, 50 other keys). Window centres include grid corners and
 out-of-view cells (windows clipped at the borders) and camera-invisible queries.
 """
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -90,3 +93,26 @@ def cases():
     return SimpleNamespace(make_qkv=make_qkv, make_bias=make_bias, make_window=make_window,
                            relative_error=relative_error, BEV=BEV, CAMERA=CAMERA, NUM_KEYS=NUM_KEYS,
                            SEGMENTS=SEGMENTS)
+
+
+@pytest.fixture
+def run_under_triton_interpreter():
+    """Run a module of checks of Triton kernels in a pytest process of its own with ``TRITON_INTERPRET=1`` and require
+    exactly ``num_checks`` passed.
+
+    The variable must be set before Triton is first imported, which the package does (through torch's
+    FlexAttention), so such checks cannot run in the suite's own process.
+    """
+    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def run(module: str, num_checks: int) -> None:
+        result = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
+                                 os.path.join(here, module)], cwd=os.path.dirname(os.path.dirname(here)),
+                                env=dict(os.environ, TRITON_INTERPRET='1'), capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        assert f'{num_checks} passed' in result.stdout, result.stdout[-2000:]
+
+    return run
+

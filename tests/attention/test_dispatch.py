@@ -1,5 +1,6 @@
 """apply_attention's validation, backend choice, logging and refusals."""
 import logging
+import os
 
 import pytest
 import torch
@@ -74,9 +75,22 @@ def test_backend_refuses_what_it_cannot_apply(cases, backend, kind, dropout_p, m
 def test_flash_attn_is_not_imported_by_the_package():
     import sys
     assert 'flash_attn' not in sys.modules
-    assert 'projects.mmdet3d_plugin.attention.backends.tiled_bias.kernels' not in sys.modules, \
-        'the Triton kernels are imported when tiled_bias runs, not with the package'
     assert set(BACKENDS) == {'math', 'sdpa', 'segment', 'flashbias', 'flex', 'flash_attn', 'tiled_bias'}
+
+
+def test_triton_kernels_are_not_imported_by_the_package():
+    """Triton is a CUDA extra: the package imports the kernel modules when their backend or formulation runs.
+    In a fresh process (other tests of a worker run the kernels)."""
+    import subprocess
+    import sys
+    kernels = ['projects.mmdet3d_plugin.attention.backends.tiled_bias.kernels',
+               'projects.mmdet3d_plugin.attention.backends.segment.slot_kernels']
+    code = ('import sys, projects.mmdet3d_plugin; '
+            f'print([name for name in {kernels!r} if name in sys.modules])')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == '[]'
 
 
 @pytest.mark.parametrize('make_args, message', [

@@ -179,3 +179,34 @@ def test_segment_backward_traces_on_fake_cuda(dtype):
         assert (retained.shape, retained.dtype) == ((BS, HEADS, NUM_QUERIES), torch.float32)
         assert [(g.shape, g.dtype, g.device.type) for g in grads[:3]] == [(t.shape, dtype, 'cuda') for t in (q, k, v)]
         assert grads[3].shape == segment_values.shape and grads[4].shape == window_weight.shape
+
+
+def test_tiled_bias_traces_on_fake_cuda_forward_and_backward(monkeypatch):
+    """``tiled_bias`` (``auto`` runs it where ``STRUCTURED_BIAS_FIRST`` names it) on fake CUDA at the R50 shape: every
+    bias kind, dtype and bias head count; its backward through the Function's own code (autograd does not run on
+    fake CUDA); no host copy. Its values are checked on the CPU under Triton's interpreter (test_tiled_bias.py)."""
+    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
+    from types import SimpleNamespace
+
+    from projects.mmdet3d_plugin.attention import dispatch
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias.backend import TiledBiasBackend, TiledBiasFunction
+    monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', {'cuda': 'tiled_bias'})
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for kind, dtype, bias_heads in itertools.product(KINDS, DTYPES, BIAS_HEADS):
+            q, k, v, bias = _fake_problem(kind, dtype, bias_heads)
+            expected = 'tiled_bias' if bias is not None else select_backend(q, None, k=k, v=v)[0]
+            assert select_backend(q, bias, k=k, v=v)[0] == expected
+            with HostCopyCounter() as counter:
+                out = apply_attention(q, k, v, bias, backend='tiled_bias')
+                call = _make_call(q, k, v, bias, None, 0.0, None)
+                tables, amplitude, values = TiledBiasBackend._tables(call)
+                ctx = SimpleNamespace(saved_tensors=(q, k, v, amplitude, values, q.float(), q[..., 0].float()),
+                                      tables=tables, scale=call.scale)
+                grads = TiledBiasFunction.backward(ctx, torch.randn_like(out))
+            assert counter.copies == [], (kind, dtype, counter.copies)
+            assert (out.device.type, out.dtype, tuple(out.shape)) == ('cuda', dtype, tuple(q.shape))
+            for grad, tensor in zip(grads[:5], (q, k, v, amplitude, values)):
+                assert (grad.dtype, grad.shape) == (tensor.dtype, tensor.shape), (kind, dtype, bias_heads)
+            assert amplitude.shape[:3] == ((0, BS, 1) if kind in ('none', 'global') else (2, BS, bias_heads))
+            assert values.shape[1:] == ((1, NUM_QUERIES, 0) if kind in ('none', 'local')
+                                        else (bias_heads, NUM_QUERIES, 2))

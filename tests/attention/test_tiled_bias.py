@@ -6,31 +6,19 @@ is first imported, which the package does (through torch's FlexAttention). What 
 (compilation for the device, ``tf32x3`` products, speed) is left to ``tools/check_gpu.py`` and
 ``tools/benchmark_attention.py --backends tiled_bias`` (docs/attention.md).
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention import UnsupportedAttentionError, apply_attention, dispatch, select_backend
 from projects.mmdet3d_plugin.attention.backends.tiled_bias.tables import key_cells, window_centres
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 #: the checks of tiled_bias_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
 NUM_CHECKS = 16
 
 
 @pytest.mark.slow(seconds=30)
-def test_kernels_equal_math_under_the_interpreter():
-    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    result = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
-                             os.path.join(HERE, 'tiled_bias_interpreter_checks.py')], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert f'{NUM_CHECKS} passed' in result.stdout, result.stdout[-2000:]
+def test_kernels_equal_math_under_the_interpreter(run_under_triton_interpreter):
+    run_under_triton_interpreter('tiled_bias_interpreter_checks.py', NUM_CHECKS)
 
 
 def _bias_from_tables(keys, centres, inv_half, amplitude, values):

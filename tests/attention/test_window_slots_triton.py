@@ -8,30 +8,18 @@ own with the variable set. What only a GPU can tell (compilation for the
 device, speed) is left to ``tools/benchmark_attention.py --slot-formulation
 triton`` (docs/attention.md).
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 #: the checks of triton_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
 NUM_CHECKS = 7
 
 
 @pytest.mark.slow(seconds=40)
-def test_triton_kernels_equal_the_reference_under_the_interpreter():
-    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    result = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
-                             os.path.join(HERE, 'triton_interpreter_checks.py')], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert f'{NUM_CHECKS} passed' in result.stdout, result.stdout[-2000:]
+def test_triton_kernels_equal_the_reference_under_the_interpreter(run_under_triton_interpreter):
+    run_under_triton_interpreter('triton_interpreter_checks.py', NUM_CHECKS)
 
 
 def test_triton_formulation_needs_cuda_or_the_interpreter(monkeypatch):

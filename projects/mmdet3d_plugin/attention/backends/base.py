@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple, Type, Union
 import torch
 from torch import Tensor
 
-from ..bias import AttentionBias, BiasPart
+from ..bias import AttentionBias, BiasPart, SegmentBias, WindowBias
 
 
 class UnsupportedAttentionError(ValueError):
@@ -114,6 +114,23 @@ class AttentionBackend:
         if reasons:
             raise UnsupportedAttentionError(self.name, reasons)
         return self.forward(call)
+
+
+def segment_window_reasons(call: AttentionCall, backend: str) -> List[str]:
+    """Why a backend that applies :class:`SegmentBias` and :class:`WindowBias` parts and no dropout cannot run
+    ``call`` (``segment``, ``tiled_bias``)."""
+    reasons = []
+    foreign = call.foreign_parts((SegmentBias, WindowBias))
+    if foreign:
+        reasons.append(f'{backend} applies only SegmentBias and WindowBias, not {", ".join(foreign)}')
+    if call.dropout_p > 0:
+        reasons.append(f'{backend} applies no attention dropout (got dropout_p={call.dropout_p})')
+    return reasons
+
+
+def sum_broadcast_heads(grad: Tensor, dim: int, heads: int) -> Tensor:
+    """A per-head gradient summed over ``dim`` (kept) where the tensor it belongs to has one head shared by all."""
+    return grad.sum(dim, keepdim=True) if heads == 1 else grad
 
 
 def dense_additive_bias(bias: Optional[Union[AttentionBias, Tensor]], key_padding_mask: Optional[Tensor],

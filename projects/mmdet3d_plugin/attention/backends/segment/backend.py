@@ -44,7 +44,7 @@ from torch import Tensor
 from ....utils.host_data import device_constant, permitted_host_sync
 from ...bias import SegmentBias, WindowBias, WindowKeys
 from ...bias.window import cat_slots
-from ..base import AttentionBackend, AttentionCall
+from ..base import AttentionBackend, AttentionCall, segment_window_reasons, sum_broadcast_heads
 from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
 from .window_slots import SlotPattern, default_formulation
@@ -213,13 +213,9 @@ class SegmentAttentionFunction(torch.autograd.Function):
             plan.window.scatter_add_(dv, ctx.correction_probs, grad_out)
             if ctx.segment_heads is not None:
                 d_logits = d_logits.scatter_add(-1, plan.window_segment[:, None].expand_as(d_scores), d_scores)
-            d_window = _sum_heads(diff.mul_(ctx.window_probs), ctx.window_heads)
-        d_segment = None if ctx.segment_heads is None else _sum_heads(d_logits, ctx.segment_heads)
+            d_window = sum_broadcast_heads(diff.mul_(ctx.window_probs), 1, ctx.window_heads)
+        d_segment = None if ctx.segment_heads is None else sum_broadcast_heads(d_logits, 1, ctx.segment_heads)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_segment, d_window, None
-
-
-def _sum_heads(grad: Tensor, heads: int) -> Tensor:
-    return grad.sum(1, keepdim=True) if heads == 1 else grad
 
 
 class SegmentBackend(AttentionBackend):
@@ -228,12 +224,7 @@ class SegmentBackend(AttentionBackend):
     name = 'segment'
 
     def not_supported_reasons(self, call: AttentionCall) -> List[str]:
-        reasons = []
-        foreign = call.foreign_parts((SegmentBias, WindowBias))
-        if foreign:
-            reasons.append(f'segment applies only SegmentBias and WindowBias, not {", ".join(foreign)}')
-        if call.dropout_p > 0:
-            reasons.append(f'segment applies no attention dropout (got dropout_p={call.dropout_p})')
+        reasons = segment_window_reasons(call, self.name)
         reasons += fused_lse_not_supported_reasons(call.device_type, call.q.dtype, call.head_dim,
                                                    call.key_padding_mask is not None)
         return reasons

@@ -3,23 +3,24 @@
 The AQR bias has structure a kernel can evaluate from a few numbers per query
 and per key instead of reading a ``[Q, K]`` tensor: a value per key segment
 (the global bias) and a linearly decaying window around a centre cell on the
-key grids (the local bias). The Triton kernels of :mod:`.kernels` run
-FlashAttention-2's tiling (online softmax forward, backward recomputing the
-scores from the log-sum-exp) and add, in every ``[BLOCK_Q, BLOCK_K]`` tile of
-scores, the bias of each query and key from the tables of :mod:`.tables`: the
-key's grid, plane, row, column and segment, and the query's centre per grid.
-Nothing of size ``Q * K`` is read or written, no key is gathered, and the
-backward returns the gradients of the window amplitudes and segment values
-as row sums of the score gradient (no atomics): one forward kernel and two
-backward kernels per call, whatever the bias.
+key grids (the local bias). The Triton kernels of :mod:`.kernels` (called
+through the custom operators of :mod:`.ops`) run FlashAttention-2's tiling
+(online softmax forward, backward recomputing the scores from the
+log-sum-exp) and add, in every tile of scores, the bias of each query and key
+from the tables of :mod:`.tables`: the key's grid, plane, row, column and
+segment, and the query's centre per grid. Nothing of size ``Q * K`` is read
+or written, no key is gathered, and the backward returns the gradients of the
+window amplitudes and segment values as row sums of the score gradient (no
+atomics): one forward kernel and two backward kernels per call, whatever the
+bias.
 
 Runs SegmentBias and WindowBias parts (and no bias), a key padding mask, in
 float32, float16 and bfloat16, head dims up to :data:`MAX_HEAD_DIM`; no
 dropout. CUDA tensors, or CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1``, how the CPU tests check it against ``math``).
-``auto`` does not pick it (:data:`~...dispatch.STRUCTURED_BIAS_FIRST` makes it the
-first choice for a structured bias on CUDA, e.g. from the benchmarks'
-``--prefer-backend``); its speed is to be measured on a GPU.
+``auto`` does not pick it unless :data:`~...dispatch.STRUCTURED_BIAS_FIRST`
+names it for the device type (the benchmarks' ``--prefer-backend``): its
+speed is still to be measured on a GPU.
 """
 from typing import List, Tuple
 
@@ -27,9 +28,10 @@ import torch
 from torch import Tensor
 
 from ...bias import SegmentBias, WindowBias
-from ..base import AttentionBackend, AttentionCall
+from ..base import AttentionBackend, AttentionCall, segment_window_reasons, sum_broadcast_heads
 from ..segment.backend import segment_layout
 from ..triton_device import triton_not_supported_reasons
+from . import ops
 from .tables import TileBiasTables, key_cells, window_centres
 
 #: largest head dim (one ``[BLOCK, d]`` tile of q, k, v and the accumulators stay in registers)
@@ -46,10 +48,7 @@ class TiledBiasFunction(torch.autograd.Function):
                 scale: float) -> Tensor:
         """Args: q ``[bs, heads, Q, d]``, k / v ``[bs, heads, K, d]``; amplitude ``[G, bs, heads | 1, Q]`` and
         values ``[bs, heads | 1, Q, S]`` float32; tables; scale. Returns ``[bs, heads, Q, d]`` in q's dtype."""
-        kernels = _kernels()
-        heads = q.size(1)
-        out, lse = kernels.tiled_bias_forward(q, k, v, tables, amplitude.expand(-1, -1, heads, -1),
-                                              values.expand(-1, heads, -1, -1), scale)
+        out, lse = ops.tiled_bias_forward(q, k, v, *_bias_tensors(tables, amplitude, values, q.size(1)), scale)
         ctx.save_for_backward(q, k, v, amplitude, values, out, lse)
         ctx.tables, ctx.scale = tables, scale
         return out.to(q.dtype)
@@ -57,23 +56,19 @@ class TiledBiasFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, amplitude, values, out, lse = ctx.saved_tensors
-        tables, heads = ctx.tables, q.size(1)
-        dq, dk, dv, d_terms = _kernels().tiled_bias_backward(grad_out, q, k, v, out, lse, tables,
-                                                             amplitude.expand(-1, -1, heads, -1),
-                                                             values.expand(-1, heads, -1, -1), ctx.scale)
-        d_amplitude = _sum_heads(d_terms[..., :tables.num_grids].permute(3, 0, 1, 2), 2, amplitude.size(2))
-        d_values = _sum_heads(d_terms[..., tables.num_grids:], 1, values.size(1))
+        tables = ctx.tables
+        dq, dk, dv, d_terms = ops.tiled_bias_backward(grad_out, q, k, v, out, lse,
+                                                      *_bias_tensors(tables, amplitude, values, q.size(1)),
+                                                      ctx.scale)
+        d_amplitude = sum_broadcast_heads(d_terms[..., :tables.num_grids].permute(3, 0, 1, 2), 2, amplitude.size(2))
+        d_values = sum_broadcast_heads(d_terms[..., tables.num_grids:], 1, values.size(1))
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_amplitude, d_values, None, None
 
 
-def _sum_heads(grad: Tensor, dim: int, heads: int) -> Tensor:
-    return grad.sum(dim, keepdim=True) if heads == 1 else grad
-
-
-def _kernels():
-    """:mod:`.kernels`, imported on first use (it imports Triton, a CUDA extra)."""
-    from . import kernels
-    return kernels
+def _bias_tensors(tables: TileBiasTables, amplitude: Tensor, values: Tensor, heads: int) -> tuple:
+    """The bias arguments of the :mod:`.ops` operators, the amplitudes and values expanded to ``heads``."""
+    return (tables.keys, tables.centres, tables.inv_half, amplitude.expand(-1, -1, heads, -1),
+            values.expand(-1, heads, -1, -1), tables.padding)
 
 
 class TiledBiasBackend(AttentionBackend):
@@ -82,12 +77,7 @@ class TiledBiasBackend(AttentionBackend):
     name = 'tiled_bias'
 
     def not_supported_reasons(self, call: AttentionCall) -> List[str]:
-        reasons = []
-        foreign = call.foreign_parts((SegmentBias, WindowBias))
-        if foreign:
-            reasons.append(f'tiled_bias applies only SegmentBias and WindowBias, not {", ".join(foreign)}')
-        if call.dropout_p > 0:
-            reasons.append(f'tiled_bias applies no attention dropout (got dropout_p={call.dropout_p})')
+        reasons = segment_window_reasons(call, self.name)
         if call.q.dtype not in DTYPES:
             reasons.append(f'tiled_bias runs float32, float16 and bfloat16, got {call.q.dtype}')
         if call.head_dim > MAX_HEAD_DIM:

@@ -68,6 +68,13 @@ LAUNCH = {
 
 
 @triton.jit
+def _rows(ptr, b, h, index, dims, s_b, s_h, s_i, s_d):
+    """Pointers to the ``[len(index), BLOCK_D]`` rows ``index`` of sample ``b``, head ``h`` of a
+    ``[bs, heads, L, d]`` tensor with strides ``s_*``."""
+    return ptr + b * s_b + h * s_h + index[:, None] * s_i + dims[None, :] * s_d
+
+
+@triton.jit
 def _tile_bias(b, h, queries, rows, keys, cols, keys_ptr, num_keys, centres_ptr, sc_g, sc_b, sc_q, amp_ptr, sa_g,
                sa_b, sa_h, sa_q, inv_half_ptr, values_ptr, sv_b, sv_h, sv_q, sv_s, NUM_GRIDS: tl.constexpr,
                NUM_SEGMENTS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -118,6 +125,41 @@ def _scores(q, k, bias, keys, cols, b, pad_ptr, sp_b, scale, HAS_PADDING: tl.con
 
 
 @triton.jit
+def _key_block(k_ptr, v_ptr, b, h, start, num_keys, dims, dim_mask, sk_b, sk_h, sk_k, sk_d, sv_b, sv_h, sv_k, sv_d,
+               BLOCK_K: tl.constexpr):
+    """The block of ``BLOCK_K`` keys from ``start``: their indices, which exist, and k and v ``[BLOCK_K, BLOCK_D]``."""
+    keys = start + tl.arange(0, BLOCK_K)
+    cols = keys < num_keys
+    tile = cols[:, None] & dim_mask
+    k = tl.load(_rows(k_ptr, b, h, keys, dims, sk_b, sk_h, sk_k, sk_d), mask=tile, other=0.0)
+    v = tl.load(_rows(v_ptr, b, h, keys, dims, sv_b, sv_h, sv_k, sv_d), mask=tile, other=0.0)
+    return keys, cols, k, v
+
+
+@triton.jit
+def _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, queries, rows, dims, block, sq_b, sq_h, sq_q, sq_d, sd_b,
+                 sd_h, sd_q, sd_d, sl_b, sl_h):
+    """What the backward needs of a block of queries: q and dO ``[BLOCK_Q, BLOCK_D]``, the log-sum-exp (+inf for
+    an empty row, every key padded: its probabilities are then 0) and ``D = dO . out``."""
+    q = tl.load(_rows(q_ptr, b, h, queries, dims, sq_b, sq_h, sq_q, sq_d), mask=block, other=0.0)
+    do = tl.load(_rows(do_ptr, b, h, queries, dims, sd_b, sd_h, sd_q, sd_d), mask=block, other=0.0)
+    lse = tl.load(lse_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=float('inf'))
+    lse = tl.where(lse == float('-inf'), float('inf'), lse)
+    delta = tl.load(delta_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
+def _score_gradient(q, k, v, do, lse, delta, bias, keys, cols, b, pad_ptr, sp_b, scale, HAS_PADDING: tl.constexpr,
+                    PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """The probabilities ``P`` of a tile, recomputed from the log-sum-exp, and the score gradient
+    ``dS = P (dO v^T - D)``."""
+    scores = _scores(q, k, bias, keys, cols, b, pad_ptr, sp_b, scale, HAS_PADDING, PRECISION, WIDEN)
+    probs = tl.exp(scores - lse[:, None])
+    return probs, probs * (_mm(do, tl.trans(v), PRECISION, WIDEN) - delta[:, None])
+
+
+@triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, keys_ptr, centres_ptr, amp_ptr, inv_half_ptr,
                     values_ptr, pad_ptr, heads, num_queries, num_keys, dim, scale, sq_b, sq_h, sq_q, sq_d, sk_b, sk_h,
                     sk_k, sk_d, sv_b, sv_h, sv_k, sv_d, so_b, so_h, so_q, so_d, sl_b, sl_h, sc_g, sc_b, sc_q, sa_g,
@@ -130,17 +172,13 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, keys_ptr, centres_ptr
     dims = tl.arange(0, BLOCK_D)
     rows = queries < num_queries
     dim_mask = (dims < dim)[None, :]
-    q = tl.load(q_ptr + b * sq_b + h * sq_h + queries[:, None] * sq_q + dims[None, :] * sq_d,
-                mask=rows[:, None] & dim_mask, other=0.0)
+    q = tl.load(_rows(q_ptr, b, h, queries, dims, sq_b, sq_h, sq_q, sq_d), mask=rows[:, None] & dim_mask, other=0.0)
     row_max = tl.full((BLOCK_Q, ), float('-inf'), tl.float32)
     total = tl.zeros((BLOCK_Q, ), tl.float32)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     for start in range(0, num_keys, BLOCK_K):
-        keys = start + tl.arange(0, BLOCK_K)
-        cols = keys < num_keys
-        tile = cols[:, None] & dim_mask
-        k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_k + dims[None, :] * sk_d, mask=tile, other=0.0)
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_k + dims[None, :] * sv_d, mask=tile, other=0.0)
+        keys, cols, k, v = _key_block(k_ptr, v_ptr, b, h, start, num_keys, dims, dim_mask, sk_b, sk_h, sk_k, sk_d,
+                                      sv_b, sv_h, sv_k, sv_d, BLOCK_K)
         bias, _, _, _ = _tile_bias(b, h, queries, rows, keys, cols, keys_ptr, num_keys, centres_ptr, sc_g, sc_b, sc_q,
                                    amp_ptr, sa_g, sa_b, sa_h, sa_q, inv_half_ptr, values_ptr, sg_b, sg_h, sg_q, sg_s,
                                    NUM_GRIDS, NUM_SEGMENTS, BLOCK_Q, BLOCK_K)
@@ -154,8 +192,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, keys_ptr, centres_ptr
         row_max = new_max
     live = total > 0.0
     out = acc / tl.where(live, total, 1.0)[:, None]
-    tl.store(out_ptr + b * so_b + h * so_h + queries[:, None] * so_q + dims[None, :] * so_d, out,
-             mask=rows[:, None] & dim_mask)
+    tl.store(_rows(out_ptr, b, h, queries, dims, so_b, so_h, so_q, so_d), out, mask=rows[:, None] & dim_mask)
     lse = tl.where(live, row_max + tl.log(tl.where(live, total, 1.0)), float('-inf'))
     tl.store(lse_ptr + b * sl_b + h * sl_h + queries, lse, mask=rows)
 
@@ -171,38 +208,28 @@ def _key_grad_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv
     """``dk``, ``dv`` of one block of keys (float32, written to ``dk_ptr`` / ``dv_ptr`` with strides ``sg_*``)."""
     table = tl.program_id(0)
     b, h = table // heads, table % heads
-    keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     dims = tl.arange(0, BLOCK_D)
-    cols = keys < num_keys
     dim_mask = (dims < dim)[None, :]
-    tile = cols[:, None] & dim_mask
-    k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_k + dims[None, :] * sk_d, mask=tile, other=0.0)
-    v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_k + dims[None, :] * sv_d, mask=tile, other=0.0)
+    keys, cols, k, v = _key_block(k_ptr, v_ptr, b, h, tl.program_id(1) * BLOCK_K, num_keys, dims, dim_mask, sk_b, sk_h,
+                                  sk_k, sk_d, sv_b, sv_h, sv_k, sv_d, BLOCK_K)
     dk = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
     for start in range(0, num_queries, BLOCK_Q):
         queries = start + tl.arange(0, BLOCK_Q)
         rows = queries < num_queries
         block = rows[:, None] & dim_mask
-        q = tl.load(q_ptr + b * sq_b + h * sq_h + queries[:, None] * sq_q + dims[None, :] * sq_d, mask=block,
-                    other=0.0)
-        do = tl.load(do_ptr + b * sd_b + h * sd_h + queries[:, None] * sd_q + dims[None, :] * sd_d, mask=block,
-                     other=0.0)
-        # an empty row (every key padded) has lse -inf: +inf there makes its probabilities 0
-        lse = tl.load(lse_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=float('inf'))
-        lse = tl.where(lse == float('-inf'), float('inf'), lse)
-        delta = tl.load(delta_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=0.0)
+        q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, queries, rows, dims, block, sq_b,
+                                         sq_h, sq_q, sq_d, sd_b, sd_h, sd_q, sd_d, sl_b, sl_h)
         bias, _, _, _ = _tile_bias(b, h, queries, rows, keys, cols, keys_ptr, num_keys, centres_ptr, sc_g, sc_b, sc_q,
                                    amp_ptr, sa_g, sa_b, sa_h, sa_q, inv_half_ptr, values_ptr, sb_b, sb_h, sb_q, sb_s,
                                    NUM_GRIDS, NUM_SEGMENTS, BLOCK_Q, BLOCK_K)
-        scores = _scores(q, k, bias, keys, cols, b, pad_ptr, sp_b, scale, HAS_PADDING, PRECISION, WIDEN)
-        probs = tl.exp(scores - lse[:, None])
+        probs, d_scores = _score_gradient(q, k, v, do, lse, delta, bias, keys, cols, b, pad_ptr, sp_b, scale,
+                                          HAS_PADDING, PRECISION, WIDEN)
         dv += _mm(tl.trans(probs.to(do.dtype)), do, PRECISION, WIDEN)
-        d_probs = _mm(do, tl.trans(v), PRECISION, WIDEN)
-        d_scores = probs * (d_probs - delta[:, None])
         dk += _mm(tl.trans(d_scores.to(q.dtype)), q, PRECISION, WIDEN)
-    tl.store(dk_ptr + b * sg_b + h * sg_h + keys[:, None] * sg_k + dims[None, :] * sg_d, dk * scale, mask=tile)
-    tl.store(dv_ptr + b * sg_b + h * sg_h + keys[:, None] * sg_k + dims[None, :] * sg_d, dv, mask=tile)
+    tile = cols[:, None] & dim_mask
+    tl.store(_rows(dk_ptr, b, h, keys, dims, sg_b, sg_h, sg_k, sg_d), dk * scale, mask=tile)
+    tl.store(_rows(dv_ptr, b, h, keys, dims, sg_b, sg_h, sg_k, sg_d), dv, mask=tile)
 
 
 @triton.jit
@@ -223,27 +250,19 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     rows = queries < num_queries
     dim_mask = (dims < dim)[None, :]
     block = rows[:, None] & dim_mask
-    q = tl.load(q_ptr + b * sq_b + h * sq_h + queries[:, None] * sq_q + dims[None, :] * sq_d, mask=block, other=0.0)
-    do = tl.load(do_ptr + b * sd_b + h * sd_h + queries[:, None] * sd_q + dims[None, :] * sd_d, mask=block, other=0.0)
-    lse = tl.load(lse_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=float('inf'))
-    lse = tl.where(lse == float('-inf'), float('inf'), lse)
-    delta = tl.load(delta_ptr + b * sl_b + h * sl_h + queries, mask=rows, other=0.0)
+    q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, queries, rows, dims, block, sq_b, sq_h,
+                                     sq_q, sq_d, sd_b, sd_h, sd_q, sd_d, sl_b, sl_h)
     dq = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     d_terms = tl.zeros((BLOCK_Q, BLOCK_T), tl.float32)
     for start in range(0, num_keys, BLOCK_K):
-        keys = start + tl.arange(0, BLOCK_K)
-        cols = keys < num_keys
-        tile = cols[:, None] & dim_mask
-        k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_k + dims[None, :] * sk_d, mask=tile, other=0.0)
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_k + dims[None, :] * sv_d, mask=tile, other=0.0)
+        keys, cols, k, v = _key_block(k_ptr, v_ptr, b, h, start, num_keys, dims, dim_mask, sk_b, sk_h, sk_k, sk_d,
+                                      sv_b, sv_h, sv_k, sv_d, BLOCK_K)
         bias, decay, grid, segment = _tile_bias(b, h, queries, rows, keys, cols, keys_ptr, num_keys, centres_ptr,
                                                 sc_g, sc_b, sc_q, amp_ptr, sa_g, sa_b, sa_h, sa_q, inv_half_ptr,
                                                 values_ptr, sb_b, sb_h, sb_q, sb_s, NUM_GRIDS, NUM_SEGMENTS, BLOCK_Q,
                                                 BLOCK_K)
-        scores = _scores(q, k, bias, keys, cols, b, pad_ptr, sp_b, scale, HAS_PADDING, PRECISION, WIDEN)
-        probs = tl.exp(scores - lse[:, None])
-        d_probs = _mm(do, tl.trans(v), PRECISION, WIDEN)
-        d_scores = probs * (d_probs - delta[:, None])
+        _, d_scores = _score_gradient(q, k, v, do, lse, delta, bias, keys, cols, b, pad_ptr, sp_b, scale,
+                                      HAS_PADDING, PRECISION, WIDEN)
         dq += _mm(d_scores.to(k.dtype), k, PRECISION, WIDEN)
         weighted = d_scores * decay
         for g in tl.static_range(NUM_GRIDS):
@@ -252,7 +271,7 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
         for s in tl.static_range(NUM_SEGMENTS):
             d_value = tl.sum(tl.where((segment == s)[None, :], d_scores, 0.0), 1)
             d_terms += tl.where((terms == NUM_GRIDS + s)[None, :], d_value[:, None], 0.0)
-    tl.store(dq_ptr + b * sr_b + h * sr_h + queries[:, None] * sr_q + dims[None, :] * sr_d, dq * scale, mask=block)
+    tl.store(_rows(dq_ptr, b, h, queries, dims, sr_b, sr_h, sr_q, sr_d), dq * scale, mask=block)
     if NUM_GRIDS + NUM_SEGMENTS > 0:
         tl.store(dterms_ptr + b * st_b + h * st_h + queries[:, None] * st_q + terms[None, :] * st_t, d_terms,
                  mask=rows[:, None] & (terms < NUM_GRIDS + NUM_SEGMENTS)[None, :])
