@@ -18,12 +18,22 @@ from projects.mmdet3d_plugin.utils.host_data import HostCopyCounter
 from projects.mmdet3d_plugin.models.utils.camera_blanking import FusedBlankViews
 
 
-@pytest.mark.parametrize('use_local_bias, modality_passes, fused_black',
-                         [(True, ('fused', ), False), (False, ('fused', ), False),
-                          (True, ('fused', 'lidar', 'camera'), False), (True, ('fused', 'camera'), True)])
+@pytest.mark.parametrize('use_local_bias, modality_passes, fused_black, structured_first',
+                         [(True, ('fused', ), False, None), (False, ('fused', ), False, None),
+                          (True, ('fused', 'lidar', 'camera'), False, None), (True, ('fused', 'camera'), True, None),
+                          (True, ('fused', ), False, 'tiled_bias')])
 def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data, use_local_bias, modality_passes,
-                                                                  fused_black, monkeypatch):
-    """``fused_black``: the second sample's fused pass sees black views (``fused_image_drop_prob``)."""
+                                                                  fused_black, structured_first, monkeypatch):
+    """``fused_black``: the second sample's fused pass sees black views (``fused_image_drop_prob``);
+    ``structured_first``: the backend ``auto`` tries first for the AQR biases (``STRUCTURED_BIAS_FIRST``)."""
+    if structured_first is not None:
+        pytest.importorskip('triton', reason='tiled_bias runs its Triton kernels (through custom operators)')
+        from projects.mmdet3d_plugin.attention import dispatch
+        from projects.mmdet3d_plugin.attention.backends import BACKENDS
+        monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', {'cuda': structured_first})
+        runs, backend = [], BACKENDS[structured_first]
+        run = backend.forward
+        monkeypatch.setattr(backend, 'forward', lambda call: runs.append(call) or run(call))
     cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
     cfg.model.pts_bbox_head.attention_bias_config.update(use_local_bias=use_local_bias)
     cfg.model.pts_bbox_head.update(modality_passes=modality_passes, fused_image_drop_prob=0.25 if fused_black else 0.0)
@@ -57,6 +67,8 @@ def test_cmt_aqr_head_forward_on_fake_cuda_with_dn_under_autocast(cmt_test_data,
         assert host_copies.copies == [], 'blocking host-to-device copies (stream synchronisations on a GPU)'
         task = outputs[0][0]
         assert task['cls_logits'].dtype == torch.float16, 'the head did not run under fp16 autocast'
+        if structured_first is not None:  # every decoder layer's biased cross-attention
+            assert len(runs) == cfg.model.pts_bbox_head.transformer.decoder.num_layers
         assert task['center'].device.type == 'cuda'
         assert outputs.dn_queries is not None and 'dn_center' in task, 'no DN queries ran'
         assert task['cls_logits'].shape[:3] == (cfg.model.pts_bbox_head.transformer.decoder.num_layers, 2,
