@@ -28,6 +28,8 @@ import torch
 from projects.mmdet3d_plugin.apis.attention_benchmark import BenchmarkOptions, run_attention_benchmark
 from projects.mmdet3d_plugin.apis.attention_benchmark_tables import benchmark_report
 from projects.mmdet3d_plugin.apis.attention_cases import DTYPES, KEY_LAYOUTS, SEGMENT_WITH_RECOMPUTE
+from projects.mmdet3d_plugin.apis.tiled_bias_launch_option import (add_tiled_bias_launch_argument,
+                                                                  apply_tiled_bias_launches)
 from projects.mmdet3d_plugin.attention.backends.segment.window_slots import FORMULATION_NAMES, set_formulation
 
 DEFAULTS = BenchmarkOptions()
@@ -74,6 +76,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="the window slot products of the local bias and the router's window attention on "
                              "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
                              'kernels, CUDA only)')
+    add_tiled_bias_launch_argument(parser)
     parser.add_argument('--out', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)
 
@@ -82,8 +85,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     if args.slot_formulation:
         set_formulation(args.device, args.slot_formulation)
+    apply_tiled_bias_launches(args.tiled_bias_launch)
     options = BenchmarkOptions(**{key: value for key, value in vars(args).items()
-                                  if key not in ('out', 'slot_formulation')})
+                                  if key not in ('out', 'slot_formulation', 'tiled_bias_launch')})
     command = ' '.join(['tools/benchmark_attention.py'] + list(sys.argv[1:] if argv is None else argv))
     result = run_attention_benchmark(options, command)
     print()

@@ -31,6 +31,8 @@ from mmcv import DictAction
 from projects.mmdet3d_plugin.apis.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
                                                           run_model_benchmark)
 from projects.mmdet3d_plugin.apis.model_benchmark_tables import markdown_tables
+from projects.mmdet3d_plugin.apis.tiled_bias_launch_option import (add_tiled_bias_launch_argument,
+                                                                  apply_tiled_bias_launches)
 from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
 from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATION_NAMES, default_formulation,
                                                                               set_formulation)
@@ -75,6 +77,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="the attention backend 'auto' tries first for the AQR biases on --device (e.g. "
                              "tiled_bias: the bias inside the kernel's tiles, CUDA only); calls it cannot run fall "
                              'back to the usual choice, logged')
+    add_tiled_bias_launch_argument(parser)
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.warmup < 0 or (args.boxes is not None and args.boxes < 1):
@@ -90,10 +93,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         set_formulation(args.device, args.slot_formulation)
     if args.prefer_backend:
         dispatch.set_structured_bias_first(torch.device(args.device).type, args.prefer_backend)
-    report = run_model_benchmark(ModelBenchmarkOptions(**{k: v for k, v in vars(args).items()
-                                                          if k not in ('out', 'slot_formulation', 'prefer_backend')}))
+    apply_tiled_bias_launches(args.tiled_bias_launch)
+    tool_only = ('out', 'slot_formulation', 'prefer_backend', 'tiled_bias_launch')
+    report = run_model_benchmark(ModelBenchmarkOptions(**{k: v for k, v in vars(args).items() if k not in tool_only}))
     report['settings'].update(out=args.out, slot_formulation=default_formulation(args.device),
-                              prefer_backend=args.prefer_backend)
+                              prefer_backend=args.prefer_backend, tiled_bias_launch=args.tiled_bias_launch)
     print('\n' + markdown_tables(report['results']))
     if args.out:
         with open(args.out, 'w') as f:

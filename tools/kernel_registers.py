@@ -2,7 +2,7 @@
 
 Examples::
 
-    # the launches the backend uses (kernels.LAUNCH), float32 and float16, sm_90 (H100 / H200)
+    # the launches the backend uses (tiled_bias/launch.py: LAUNCH), float32 and float16, sm_90 (H100 / H200)
     python tools/kernel_registers.py
     # candidate tile sizes too, for an A100
     python tools/kernel_registers.py --arch 80 --sweep
@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from projects.mmdet3d_plugin.apis.kernel_registers import KERNEL_NAMES, TRITON_DTYPES, compile_report
+from projects.mmdet3d_plugin.attention.backends.tiled_bias.launch import Launch, launch_of
 
 #: tile sizes and warps tried by ``--sweep`` besides the backend's own
 SWEEP = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4), (16, 64, 4), (64, 16, 4), (64, 64, 8), (128, 32, 8))
@@ -36,7 +37,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     args = parse_args(argv)
-    from projects.mmdet3d_plugin.attention.backends.tiled_bias.kernels import Launch, launch_of  # imports Triton
     rows = []
     print(f'sm_{args.arch}, head dim {args.head_dim}, {args.grids} grids, {args.segments} segments\n')
     print('| kernel | dtype | queries x keys | warps | used by the backend | registers | spill stores / loads | '

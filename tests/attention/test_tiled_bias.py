@@ -84,3 +84,20 @@ def test_auto_takes_it_only_where_structured_bias_first_names_it(cases, monkeypa
     assert select_backend(q, bias, k=k, v=v)[0] == 'tiled_bias'
     with pytest.raises(ValueError, match="unknown attention backend 'tiled'"):
         dispatch.set_structured_bias_first('cuda', 'tiled')
+
+
+def test_launches_are_parsed_and_set_for_both_precisions(monkeypatch):
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias import launch
+    monkeypatch.setattr(launch, 'LAUNCH', dict(launch.LAUNCH))
+    assert launch.parse_launch('key_grad=16x128x8') == ('key_grad', launch.Launch(16, 128, 8))
+    for text, message in [('fwd=32x32x4', "unknown tiled_bias kernel 'fwd'"), ('forward=32x32', 'QUERIESxKEYSxWARPS'),
+                          ('forward=24x32x4', 'powers of two >= 16'), ('forward=8x32x4', 'powers of two >= 16'),
+                          ('forward=32x32x3', 'warps a power of two')]:
+        with pytest.raises(ValueError, match=message):
+            launch.parse_launch(text)
+    launch.set_launch('forward', launch.Launch(64, 16, 2))
+    assert launch.launch_of('forward', torch.float32) == launch.launch_of('forward', torch.bfloat16) == (64, 16, 2)
+    launch.set_launch('query_grad', launch.Launch(32, 32, 4), 'half')
+    assert launch.launch_of('query_grad', torch.float16) == (32, 32, 4) != launch.launch_of('query_grad', torch.float32)
+    with pytest.raises(ValueError, match='precision must be one of'):
+        launch.set_launch('forward', launch.Launch(64, 16, 2), 'float16')

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention import AttentionBias, SegmentBias, apply_attention
-from projects.mmdet3d_plugin.attention.backends.tiled_bias import kernels
+from projects.mmdet3d_plugin.attention.backends.tiled_bias import launch
 from test_backends import FP32_TOLERANCE, LOW_PRECISION_TOLERANCE, _outputs_and_grads, assert_matches_math
 
 if os.environ.get('TRITON_INTERPRET') != '1':
@@ -36,7 +36,7 @@ def test_blocks_smaller_than_the_problem(cases, monkeypatch):
     """40 queries in blocks of 16 (a tail of 8) and 85 keys in tiles of 16: tiles straddle the BEV / camera grid
     boundary (key 35) and the last key tile holds the two keys on no grid and the padding past K."""
     for kernel in ('forward', 'key_grad', 'query_grad'):
-        monkeypatch.setitem(kernels.LAUNCH, (kernel, 'float32'), kernels.Launch(16, 16, 4))
+        monkeypatch.setitem(launch.LAUNCH, (kernel, 'float32'), launch.Launch(16, 16, 4))
     q, k, v = cases.make_qkv(num_queries=40)
     bias, leaves = cases.make_bias('segment+window', num_queries=40, bias_heads=3)
     assert_matches_math(cases, 'tiled_bias', q, k, v, bias, leaves, FP32_TOLERANCE)

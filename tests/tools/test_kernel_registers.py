@@ -22,6 +22,6 @@ def test_the_backends_launches_compile_for_sm90(capsys):
     rows = kernel_registers.main(['--kernels', 'forward', 'query_grad', '--dtypes', 'float32'])
     assert [(row['kernel'], row['dtype']) for row in rows] == [('forward', 'float32'), ('query_grad', 'float32')]
     assert all(0 < row['registers'] <= 255 and row['spill_store_bytes'] >= 0 for row in rows)
-    from projects.mmdet3d_plugin.attention.backends.tiled_bias.kernels import LAUNCH
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias.launch import LAUNCH
     block_q, block_k, warps = LAUNCH['forward', 'float32']
     assert f'| forward | float32 | {block_q} x {block_k} | {warps} | yes |' in capsys.readouterr().out

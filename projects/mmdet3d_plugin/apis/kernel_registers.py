@@ -6,7 +6,7 @@ with an ``ASTSource`` and a ``GPUTarget``), and the ``ptxas`` shipped in the
 triton wheel assembles the PTX with ``-v``, which prints the registers per
 thread and the bytes spilled to local memory. A kernel that spills reloads
 its tiles from memory in the inner loop; a launch that needs no spills is
-what :data:`~..attention.backends.tiled_bias.kernels.LAUNCH` is chosen from
+what :data:`~..attention.backends.tiled_bias.launch.LAUNCH` is chosen from
 on a machine without a GPU. Speed is not measured here: that needs a GPU
 (``tools/benchmark_attention.py --device cuda --backends tiled_bias``).
 """
@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from typing import Dict, List, NamedTuple, Optional
 
-#: the kernels of :mod:`..attention.backends.tiled_bias.kernels`, by :data:`LAUNCH` name
+#: the kernels of :mod:`..attention.backends.tiled_bias.kernels`, by their ``LAUNCH`` name
 KERNEL_NAMES = {'forward': '_forward_kernel', 'key_grad': '_key_grad_kernel', 'query_grad': '_query_grad_kernel'}
 #: Triton's names of the input dtypes
 TRITON_DTYPES = {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}

@@ -32,39 +32,18 @@ CPU tests check them against ``math``. Float32 inputs multiply in
 float32 memory-efficient kernel does on tensor cores); float16 / bfloat16 in
 their own precision, all accumulated in float32.
 """
-from typing import NamedTuple, Tuple
+from typing import Tuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch import launch_of
 from .tables import TileBiasTables
 
 #: software pipelining depth of the inner loops on a GPU
 NUM_STAGES = 2
-
-
-class Launch(NamedTuple):
-    """Tile sizes and warps of one kernel: ``block_q`` queries by ``block_k`` keys per tile."""
-
-    block_q: int
-    block_k: int
-    num_warps: int
-
-
-#: per (kernel, input precision: ``'float32'`` or ``'half'``), the launch of every call. Chosen without a GPU:
-#: ``tools/kernel_registers.py`` (ptxas for sm_90, head dim 32, the AQR bias of 2 grids and 2 segments) reports no
-#: register spills for these, and small query blocks give the 900-query calls enough programs (``bs * heads *
-#: Q / block_q``: 225 at batch 1 for the forward) for the GPU's 132 multiprocessors; their speed is to be measured.
-LAUNCH = {
-    ('forward', 'float32'): Launch(32, 32, 4),
-    ('key_grad', 'float32'): Launch(32, 64, 4),
-    ('query_grad', 'float32'): Launch(16, 64, 4),
-    ('forward', 'half'): Launch(32, 64, 4),
-    ('key_grad', 'half'): Launch(32, 64, 4),
-    ('query_grad', 'half'): Launch(16, 64, 4),
-}
 
 
 @triton.jit
@@ -299,11 +278,6 @@ def _bias_strides(tables: TileBiasTables, amplitude: Tensor, values: Tensor) -> 
     """The bias's strides, in every kernel's order (``sc_*``, ``sa_*``, values', ``sp_b``)."""
     padding = tables.padding if tables.padding is not None else tables.keys
     return (*tables.centres.stride()[:3], *amplitude.stride(), *values.stride(), padding.stride(0))
-
-
-def launch_of(kernel: str, dtype: torch.dtype) -> Launch:
-    """The :data:`LAUNCH` entry of ``kernel`` for inputs of ``dtype``."""
-    return LAUNCH[kernel, 'float32' if dtype == torch.float32 else 'half']
 
 
 def _constants(kernel: str, tables: TileBiasTables, q: Tensor) -> dict:
