@@ -88,9 +88,9 @@ def compile_report(kernel: str, dtype: str, launch, head_dim: int = 32, num_grid
     fn = getattr(kernels, KERNEL_NAMES[kernel])
     constants = dict(NUM_GRIDS=num_grids, NUM_SEGMENTS=num_segments, HAS_PADDING=False,
                      PRECISION='tf32x3' if dtype == 'float32' else 'ieee', WIDEN=False, BLOCK_Q=launch.block_q,
-                     BLOCK_K=launch.block_k, BLOCK_D=kernels._block_d(head_dim))
+                     BLOCK_K=launch.block_k, BLOCK_D=kernels.block_d(head_dim))
     if kernel == 'query_grad':
-        constants['BLOCK_T'] = max(2, triton.next_power_of_2(num_grids + num_segments))
+        constants['BLOCK_T'] = kernels.block_t(num_grids + num_segments)
     source = ASTSource(fn=fn, signature=_signature(fn.arg_names, dtype, constants),
                        constexprs={(fn.arg_names.index(name), ): value for name, value in constants.items()})
     stages = kernels.NUM_STAGES if num_stages is None else num_stages

@@ -120,5 +120,5 @@ class TiledBiasBackend(AttentionBackend):
         else:
             amplitude = q.new_zeros((0, bs, 1, num_queries), dtype=torch.float32)
         padding = None if call.key_padding_mask is None else call.key_padding_mask.to(torch.uint8)
-        tables = TileBiasTables(keys, centres, inv_half, centres.size(0), values.size(-1) if segments else 0, padding)
+        tables = TileBiasTables(keys, centres, inv_half, values.size(-1), padding)
         return tables, amplitude, values

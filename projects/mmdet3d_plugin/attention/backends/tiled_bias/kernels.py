@@ -262,9 +262,14 @@ def _precision(dtype: torch.dtype, device: torch.device) -> str:
     return 'tf32x3' if dtype == torch.float32 and device.type == 'cuda' else 'ieee'
 
 
-def _block_d(dim: int) -> int:
-    """The head dim rounded up to a power of two of at least 16 (``tl.dot``'s smallest operand side)."""
+def block_d(dim: int) -> int:
+    """``BLOCK_D``: the head dim rounded up to a power of two of at least 16 (``tl.dot``'s smallest operand side)."""
     return max(16, triton.next_power_of_2(dim))
+
+
+def block_t(num_terms: int) -> int:
+    """``BLOCK_T`` of the ``dq`` kernel: the bias terms (grids + segments) as a power of two, at least 2."""
+    return max(2, triton.next_power_of_2(num_terms))
 
 
 def _bias_args(tables: TileBiasTables, amplitude: Tensor, values: Tensor) -> tuple:
@@ -286,7 +291,7 @@ def _constants(kernel: str, tables: TileBiasTables, q: Tensor) -> dict:
     options = dict(num_warps=launch.num_warps, num_stages=NUM_STAGES) if q.device.type == 'cuda' else {}
     return dict(NUM_GRIDS=tables.num_grids, NUM_SEGMENTS=tables.num_segments, HAS_PADDING=tables.padding is not None,
                 PRECISION=_precision(q.dtype, q.device), WIDEN=q.dtype == torch.bfloat16 and q.device.type != 'cuda',
-                BLOCK_Q=launch.block_q, BLOCK_K=launch.block_k, BLOCK_D=_block_d(q.size(-1)), **options)
+                BLOCK_Q=launch.block_q, BLOCK_K=launch.block_k, BLOCK_D=block_d(q.size(-1)), **options)
 
 
 def tiled_bias_forward(q: Tensor, k: Tensor, v: Tensor, tables: TileBiasTables, amplitude: Tensor, values: Tensor,
@@ -346,6 +351,6 @@ def tiled_bias_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
         *_bias_strides(tables, amplitude, values), **_constants('key_grad', tables, q))
     _query_grad_kernel[(bs * heads, triton.cdiv(num_queries, launch_of('query_grad', q.dtype).block_q))](
         q, k, v, grad_out, lse, delta, dq, d_terms, *shared, *dq.stride(), *d_terms.stride(),
-        *_bias_strides(tables, amplitude, values), BLOCK_T=max(2, triton.next_power_of_2(num_terms)),
+        *_bias_strides(tables, amplitude, values), BLOCK_T=block_t(num_terms),
         **_constants('query_grad', tables, q))
     return dq, dk, dv, d_terms

@@ -21,7 +21,7 @@ from .tables import TileBiasTables
 
 def _tables(keys: Tensor, centres: Tensor, inv_half: Tensor, values: Tensor,
             padding: Optional[Tensor]) -> TileBiasTables:
-    return TileBiasTables(keys, centres, inv_half, centres.size(0), values.size(-1), padding)
+    return TileBiasTables(keys, centres, inv_half, values.size(-1), padding)
 
 
 @torch.library.custom_op('cmt_aqr::tiled_bias_forward', mutates_args=())

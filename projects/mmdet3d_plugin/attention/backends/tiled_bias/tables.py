@@ -20,15 +20,19 @@ class TileBiasTables:
             cell of every query on every grid, plane -1 where the query has no
             window there.
         inv_half (Tensor): ``[G]`` float32 ``2 / window_size`` per grid.
-        num_grids (int): G (0: no window term).
         num_segments (int): S (0: no segment term).
         padding (Tensor | None): ``[bs, K]`` uint8, 1 at padded keys.
     """
 
-    def __init__(self, keys: Tensor, centres: Tensor, inv_half: Tensor, num_grids: int, num_segments: int,
+    def __init__(self, keys: Tensor, centres: Tensor, inv_half: Tensor, num_segments: int,
                  padding: Optional[Tensor]) -> None:
         self.keys, self.centres, self.inv_half = keys, centres, inv_half
-        self.num_grids, self.num_segments, self.padding = num_grids, num_segments, padding
+        self.num_segments, self.padding = num_segments, padding
+
+    @property
+    def num_grids(self) -> int:
+        """G, the window grids (0: no window term)."""
+        return self.centres.size(0)
 
 
 def key_cells(grids: Sequence[KeyGrid], segment_bounds: Optional[Sequence[Tuple[int, int]]], num_keys: int,
