@@ -9,7 +9,8 @@ and the gradients of q, k, v, the segment values and the window amplitudes
 both biases; blocks smaller than the problem (query and key tails, a key tile
 straddling the BEV and camera grids); key padding with a segment and a whole
 sample padded; split-head strided inputs, an odd head dim, a custom scale;
-several segment biases; half precision; a bias-only gradient.
+several segment biases; half precision; a bias-only gradient; the custom operators' fake implementations against
+the kernels (``torch.library.opcheck``).
 """
 import os
 
@@ -120,3 +121,21 @@ def test_the_bias_of_the_aqr_bias_generator(cases):
     assert len(leaves) > 3
     for i, (tiled, reference) in enumerate(zip(results['tiled_bias'], results['math'])):
         assert cases.relative_error(tiled, reference) <= FP32_TOLERANCE, f'output / gradient {i}'
+
+
+def test_the_custom_operators_fake_implementations_match_the_kernels(cases):
+    """``torch.library.opcheck``: the schemas hold and the fake implementations (what ``FakeTensorMode`` and
+    ``torch.compile`` see) give the outputs' shapes, dtypes and strides the kernels give, forward and backward."""
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias import ops
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias.backend import TiledBiasBackend, _bias_tensors
+    from projects.mmdet3d_plugin.attention.dispatch import _make_call
+    q, k, v = cases.make_qkv(dtype=torch.float16, dim=16, requires_grad=False)
+    padding = torch.rand(2, cases.NUM_KEYS) < 0.2
+    call = _make_call(q, k, v, cases.make_bias('segment+window', bias_heads=3)[0], padding, 0.0, None)
+    tables, amplitude, values = TiledBiasBackend._tables(call)
+    bias = tuple(t.detach() if t is not None else None for t in _bias_tensors(tables, amplitude, values, 3))
+    out, lse = ops.tiled_bias_forward(q, k, v, *bias, call.scale)
+    checks = ('test_schema', 'test_faketensor')
+    torch.library.opcheck(ops.tiled_bias_forward, (q, k, v, *bias, call.scale), test_utils=checks)
+    torch.library.opcheck(ops.tiled_bias_backward, (torch.randn_like(out).half(), q, k, v, out, lse, *bias, call.scale),
+                          test_utils=checks)
