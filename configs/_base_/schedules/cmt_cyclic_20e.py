@@ -1,6 +1,8 @@
 # CMT's schedule: AdamW, one cyclic learning-rate / momentum cycle over 20 epochs,
 # mixed precision with gradient clipping (8 GPUs x 2 samples in the published runs).
-optimizer = dict(type='AdamW', lr=0.0001, weight_decay=0.01)
+# The configs' paramwise_cfg options go into one parameter group per distinct set of options, not one per
+# parameter (the same update; see projects/mmdet3d_plugin/mmcv_custom/merged_param_groups.py).
+optimizer = dict(type='AdamW', lr=0.0001, weight_decay=0.01, constructor='MergedParamGroupsOptimizerConstructor')
 optimizer_config = dict(
     type='CustomFp16OptimizerHook',
     loss_scale='dynamic',

@@ -2,6 +2,7 @@
 from .checkpoint import AtomicCheckpointHook, find_latest_valid_checkpoint
 from .device_log import DeviceLogBuffer, DeviceLogOptimizerHook
 from .fp16_optimizer_hook import CustomFp16OptimizerHook
+from .merged_param_groups import MergedParamGroupsOptimizerConstructor
 from .seeding import EpochSeedHook
 from .spconv_cpu import patch_spconv_cpu_stream
 from .spconv_cpu_scatter import patch_spconv_cpu_scatter_add
@@ -11,5 +12,6 @@ patch_spconv_cpu_scatter_add()
 
 __all__ = [
     'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'DeviceLogBuffer', 'DeviceLogOptimizerHook', 'EpochSeedHook',
-    'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add', 'patch_spconv_cpu_stream'
+    'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add',
+    'patch_spconv_cpu_stream'
 ]
