@@ -94,6 +94,15 @@ def test_window_plane_offsets_index_and_invalid_centre_has_no_token():
     assert index[0, 0].tolist() == [2 * 9 + 4] and valid[0].tolist() == [[True], [False]]
 
 
+def test_first_token_offsets_every_index_of_a_grid_in_a_longer_memory():
+    """The router's camera windows: after 100 BEV tokens, on plane 1 of 3x4 cells; clipped cells point at token 100."""
+    index, valid = window_token_index(torch.tensor([[[0, 3]]]), (3, 4), 3, plane=torch.tensor([[1]]), first_token=100)
+    assert sorted(index[0, 0][valid[0, 0]].tolist()) == [100 + 12 + cell for cell in (2, 3, 6, 7)]
+    assert valid.sum() == 4 and (index[~valid] == 100).all()
+    index, valid = window_token_index(torch.tensor([[[1, 1]]]), (3, 4), 1, first_token=7)
+    assert index.tolist() == [[[7 + 5]]]
+
+
 def test_query_without_valid_token_is_finite():
     module = LocalWindowAttention(8, num_heads=2).eval()
     query, memory = torch.randn(1, 3, 8), torch.randn(1, 5, 8)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...utils.host_data import host_to_device
+from ...utils.host_data import device_constant, host_to_device
 from ..utils.camera_geometry import stack_lidar2img
 from ..utils.positional_encoding import denormalize_points
 
@@ -69,9 +69,17 @@ def bev_cells(reference_points: Tensor, bev_shape: Tuple[int, int]) -> Tuple[Ten
     if reference_points.dim() != 3 or reference_points.shape[-1] not in (2, 3):
         raise ValueError(f'reference_points must be [bs, Q, 2|3], got shape {tuple(reference_points.shape)}')
     pts = reference_points.detach().float().clamp(0.0, 1.0)
-    col = (pts[..., 0] * width).floor().long().clamp(0, width - 1)
-    row = (pts[..., 1] * height).floor().long().clamp(0, height - 1)
-    return torch.stack([row, col], dim=-1), row * width + col
+    device = pts.device
+    col_row = clamp_to_grid((pts[..., :2] * device_constant([width, height], device, torch.float32)).floor().long(),
+                            (width, height))
+    return col_row.flip(-1), (col_row * device_constant([1, width], device, torch.long)).sum(-1)
+
+
+def clamp_to_grid(cells: Tensor, grid_sizes: Sequence[int]) -> Tensor:
+    """Integer cells ``[..., A]`` clamped into a grid of ``grid_sizes[a]`` cells along each axis ``a`` (one op)."""
+    device, dtype = cells.device, cells.dtype
+    return cells.clamp(device_constant([0] * len(grid_sizes), device, dtype),
+                       device_constant([int(size) - 1 for size in grid_sizes], device, dtype))
 
 
 def _per_view_hw(shape_value, num_views: int, key: str) -> List[Tuple[float, float]]:
@@ -148,22 +156,17 @@ def camera_cells(points: Tensor,
     cam = torch.einsum('bvij,bqj->bvqi', lidar2img.float(), homo)  # [bs, N, Q, 4]
     depth = cam[..., 2]
     in_front = depth > min_depth
-    safe_depth = torch.where(in_front, depth, torch.ones_like(depth))
-    u = cam[..., 0] / safe_depth
-    v = cam[..., 1] / safe_depth
-    img_h, img_w = img_hw[..., 0:1], img_hw[..., 1:2]  # [bs, N, 1]
-    seen = in_front & (u >= 0) & (u < img_w) & (v >= 0) & (v < img_h)  # [bs, N, Q]
+    # (v, u) pixel of every (view, query): the axis order of img_hw, pad_hw and the feature cells (h, w)
+    pixel = cam[..., :2].flip(-1) / torch.where(in_front, depth, 1.0)[..., None]
+    seen = in_front & ((pixel >= 0) & (pixel < img_hw[:, :, None])).all(-1)  # [bs, N, Q]
     visible = seen.any(dim=1)
     view = seen.to(torch.uint8).argmax(dim=1)  # first view that sees the point
-    gather = view[:, None, :]
-    u_sel = u.gather(1, gather).squeeze(1)
-    v_sel = v.gather(1, gather).squeeze(1)
+    pixel = pixel.gather(1, view[:, None, :, None].expand(-1, -1, -1, 2)).squeeze(1)  # [bs, Q, 2]
     pad_sel = pad_hw.gather(1, view[..., None].expand(-1, -1, 2))  # [bs, Q, 2]
     # nearest ray: cell j's ray passes through pixel j * stride
-    cell_h = (v_sel * feat_h / pad_sel[..., 0] + 0.5).floor().long().clamp(0, feat_h - 1)
-    cell_w = (u_sel * feat_w / pad_sel[..., 1] + 0.5).floor().long().clamp(0, feat_w - 1)
-    pers = torch.stack([view, cell_h, cell_w], dim=-1)
-    pers = torch.where(visible[..., None], pers, torch.full_like(pers, INVISIBLE_CELL))
+    feat = device_constant([feat_h, feat_w], points.device, torch.float32)
+    cells = clamp_to_grid((pixel * feat / pad_sel + 0.5).floor().long(), (feat_h, feat_w))
+    pers = torch.where(visible[..., None], torch.cat([view[..., None], cells], dim=-1), INVISIBLE_CELL)
     return pers, visible
 
 

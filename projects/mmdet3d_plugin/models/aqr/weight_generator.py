@@ -224,9 +224,8 @@ class AQRWeightGenerator(BaseModule):
         bev_index, bev_valid = window_token_index(projection_info['pts_bev'], bev_shape, self.lidar_window)
         pers = projection_info['pts_pers_idx']
         cam_index, cam_valid = window_token_index(
-            pers[..., 1:], camera_shape[1:], self.camera_window,
-            center_valid=projection_info['visible'], plane=pers[..., 0].clamp(min=0))
-        cam_index = cam_index + bev_shape[0] * bev_shape[1]
+            pers[..., 1:], camera_shape[1:], self.camera_window, center_valid=projection_info['visible'],
+            plane=pers[..., 0].clamp(min=0), first_token=bev_shape[0] * bev_shape[1])
         return torch.cat([bev_index, cam_index], dim=-1), torch.cat([bev_valid, cam_valid], dim=-1)
 
     def forward(self,
