@@ -1,0 +1,97 @@
+"""Device ops of a detector's head and optimizer step on fake CUDA (``tools/count_device_ops.py``).
+
+The features come from the detector's own backbones on the CPU (the fixed
+batch of ``tools/benchmark_model.py``); the head's forward at inference and one
+optimizer step (``foreach`` as PyTorch chooses on CUDA, unless the config asks
+for ``fused``; after a first step, which also makes the optimizer's state) then
+run on fake CUDA tensors under :class:`~..utils.device_ops.DeviceOpCounter`.
+The head's rows are the parts ``tools/benchmark_model.py`` times (:data:`.part_timer.MODULE_ROWS`
+under the head) and each decoder layer's cross-attention.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from mmcv import Config
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..utils.device_ops import DeviceOpCounter
+from .model_benchmark import ModelBenchmarkOptions, build_pair, make_batch
+from .optimizer_step import OptimizerStep
+from .part_timer import MODULE_ROWS
+
+HEAD_ROW = 'head (inference forward)'
+OPTIMIZER_ROW = 'optimizer step'
+
+
+def _head_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    """(row, module) of the head, its AQR generators and transformer, and each decoder layer's cross-attention."""
+    parts = [(HEAD_ROW, model.pts_bbox_head)]
+    for row, path in MODULE_ROWS:
+        if path.startswith('pts_bbox_head.'):
+            module = _submodule(model, path)
+            if module is not None:
+                parts.append((f'  {row.strip()}', module))
+    for index, layer in enumerate(model.pts_bbox_head.transformer.decoder.layers):
+        parts.append((f'    decoder layer {index} cross-attention', layer.attentions[1]))
+    return parts
+
+
+def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
+    """``model``'s submodule at ``path``, or None (CMT has no AQR generators)."""
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def count_model_ops(model: nn.Module, cfg: Config, batch: dict) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Device ops and host-to-device copies per row (:data:`HEAD_ROW`'s parts, :data:`OPTIMIZER_ROW`)."""
+    model.eval()
+    with torch.no_grad():
+        img_feats, pts_feats = model.extract_feat(batch['points'], batch['img'], batch['img_metas'])
+    counter = DeviceOpCounter('cuda')
+    for row, module in _head_parts(model):
+        counter.hook(row, module)
+    optimizer_cfg = dict(cfg.optimizer)
+    if not optimizer_cfg.get('fused'):
+        optimizer_cfg['foreach'] = True  # what PyTorch picks for CUDA parameters
+    optimizer = OptimizerStep(model, Config(dict(optimizer=optimizer_cfg))).optimizer
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        head = model.pts_bbox_head.to('cuda')
+        img_feats = [feat.to('cuda') for feat in img_feats]
+        pts_feats = [feat.to('cuda') for feat in pts_feats]
+        with torch.no_grad(), counter:
+            head(pts_feats, img_feats, batch['img_metas'])
+        for group in optimizer.param_groups:  # the same groups, of fake CUDA parameters with gradients
+            group['params'] = [torch.zeros_like(param, device='cuda').requires_grad_() for param in group['params']]
+            for param in group['params']:
+                param.grad = torch.zeros_like(param)
+        optimizer.step()  # the first step also makes the state (two zero-filled moments per parameter)
+        with counter, counter.part(OPTIMIZER_ROW):
+            optimizer.step()
+    rows = [row for row, _ in _head_parts(model)] + [OPTIMIZER_ROW]
+    return ({row: counter.ops[row] for row in rows}, {row: counter.host_copies[row] for row in rows})
+
+
+def count_pair(paths: Sequence[str], options: ModelBenchmarkOptions) -> dict:
+    """Both configs' counts on the same batch: ``{'rows': [...], 'A': (ops, copies), 'B': (ops, copies)}``."""
+    models, cfgs, _ = build_pair(tuple(paths), options)
+    batch = make_batch(cfgs[1], options)
+    counts = [count_model_ops(model, cfg, batch) for model, cfg in zip(models, cfgs)]
+    rows = list(counts[1][0]) + [row for row in counts[0][0] if row not in counts[1][0]]  # B's rows first (AQR's)
+    return dict(rows=rows, A=counts[0], B=counts[1])
+
+
+def count_table(result: dict, names: Sequence[str] = ('A', 'B')) -> str:
+    """Markdown table of :func:`count_pair`'s result: device ops (and host copies) per row for A and B."""
+    lines = [f'| part | {names[0]} device ops | {names[1]} device ops | {names[0]} / {names[1]} host copies |',
+             '|---|---:|---:|---:|']
+    for row in result['rows']:
+        cells = []
+        for side in ('A', 'B'):
+            ops = result[side][0].get(row)
+            cells.append('—' if ops is None else str(ops))
+        copies = ' / '.join('—' if result[side][1].get(row) is None else str(result[side][1][row]) for side in 'AB')
+        lines.append(f'| {row} | {cells[0]} | {cells[1]} | {copies} |')
+    return '\n'.join(lines)
