@@ -5,6 +5,7 @@ Examples::
     python tools/count_device_ops.py                       # R50: CMT vs CMT-AQR, batch 1
     python tools/count_device_ops.py --shapes vov --batch-size 2
     python tools/count_device_ops.py --configs A.py B.py --tiny
+    python tools/count_device_ops.py --prefer-backend tiled_bias   # the AQR biases through tiled_bias
 
 The backbones run on the CPU; the head's inference forward and one AdamW step
 run on fake CUDA tensors (``FakeTensorMode``), where every op that would launch
@@ -18,6 +19,7 @@ from typing import Optional, Sequence
 
 from projects.mmdet3d_plugin.apis.device_op_count import count_pair, count_table
 from projects.mmdet3d_plugin.apis.model_benchmark import SHAPES, ModelBenchmarkOptions, shape_configs
+from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -28,11 +30,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--batch-size', type=int, default=1)
     parser.add_argument('--tiny', action='store_true', help='small range, images and query count (seconds)')
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--prefer-backend', choices=sorted(BACKENDS),
+                        help="the attention backend 'auto' tries first for the AQR biases on CUDA (as "
+                             'tools/benchmark_model.py --prefer-backend)')
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
+    if args.prefer_backend:
+        dispatch.set_structured_bias_first('cuda', args.prefer_backend)
     options = ModelBenchmarkOptions(shapes=args.shapes, configs=args.configs, batch_size=args.batch_size,
                                     tiny=args.tiny, seed=args.seed).resolved()
     results = {}
