@@ -46,7 +46,10 @@ def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
 
 
 def count_model_ops(model: nn.Module, cfg: Config, batch: dict) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Device ops and host-to-device copies per row (:data:`HEAD_ROW`'s parts, :data:`OPTIMIZER_ROW`)."""
+    """Device ops and host-to-device copies per row (:data:`HEAD_ROW`'s parts, :data:`OPTIMIZER_ROW`).
+
+    The model is used up: its head is left on fake CUDA and its modules keep the counting hooks.
+    """
     model.eval()
     with torch.no_grad():
         img_feats, pts_feats = model.extract_feat(batch['points'], batch['img'], batch['img_metas'])

@@ -130,8 +130,8 @@ class MergedParamGroupsOptimizerConstructor(DefaultOptimizerConstructor):
     Configured like mmcv's constructor (``optimizer = dict(type='AdamW', ...,
     paramwise_cfg=dict(custom_keys=...), constructor=
     'MergedParamGroupsOptimizerConstructor')``); without a ``paramwise_cfg``
-    it builds what mmcv builds (one group of every parameter). See the module
-    docstring.
+    it builds what mmcv builds (one group holding every parameter). See the
+    module docstring.
     """
 
     def __call__(self, model: nn.Module) -> Optimizer:

@@ -98,9 +98,10 @@ class WindowAttentionFunction(torch.autograd.Function):
         """Args: q ``[bs, heads, Q, d]``; k, v ``[bs, heads, K, d]``; pattern (the ``[bs, Q, L]`` slots);
         valid ``[bs, 1, Q, L]`` bool; keep ``[bs, heads, Q, L]`` dropout scale (0 or 1 / (1 - p)) or None;
         scale. Returns ``[bs, heads, Q, d]`` in v's dtype (a query with no valid slot gets 0)."""
-        scores = pattern.dot(q, k, scale).masked_fill_(~valid, float('-inf'))
-        scores.masked_fill_(~valid.any(-1, keepdim=True), 0.0)
-        probs = torch.softmax(scores, -1).mul_(valid)
+        invalid = ~valid
+        scores = pattern.dot(q, k, scale).masked_fill_(invalid, float('-inf'))
+        # a query without a valid slot gets a row of NaN from the softmax, all of it invalid: zeroed by the fill
+        probs = torch.softmax(scores, -1).masked_fill_(invalid, 0.0)
         weights = probs if keep is None else probs * keep
         ctx.save_for_backward(q, k, v, probs, keep)
         ctx.pattern, ctx.scale = pattern, scale
