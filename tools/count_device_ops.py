@@ -7,9 +7,11 @@ Examples::
     python tools/count_device_ops.py --configs A.py B.py --tiny
     python tools/count_device_ops.py --prefer-backend tiled_bias   # the AQR biases through tiled_bias
 
-The backbones run on the CPU; the head's inference forward and one AdamW step
-run on fake CUDA tensors (``FakeTensorMode``), where every op that would launch
-device work is counted (``projects/mmdet3d_plugin/utils/device_ops.py``). Where
+The backbones run on the CPU; the head's forward (at inference; in training,
+with the ground truth, then one optimizer step) runs on fake CUDA tensors
+(``FakeTensorMode``), where every op that would launch device work is counted
+(``projects/mmdet3d_plugin/utils/device_ops.py``); a backward cannot run on fake
+CUDA, so it is not counted. Where
 a GPU is launch-bound (the AQR weight generator at R50, the optimizer step),
 the count says how much work the host queues; it is no time: time it with
 ``tools/benchmark_model.py --device cuda``.
@@ -17,7 +19,7 @@ the count says how much work the host queues; it is no time: time it with
 import argparse
 from typing import Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.device_op_count import count_pair, count_table
+from projects.mmdet3d_plugin.apis.device_op_count import MODES, count_pair, count_table
 from projects.mmdet3d_plugin.apis.model_benchmark import SHAPES, ModelBenchmarkOptions, shape_configs
 from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
 
@@ -27,6 +29,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                      'fake CUDA.')
     parser.add_argument('--shapes', nargs='+', choices=sorted(SHAPES), default=['r50'])
     parser.add_argument('--configs', nargs=2, metavar=('A', 'B'), help='two configs instead of --shapes')
+    parser.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES),
+                        help='inference: the head\'s forward; train: its training forward and an optimizer step')
     parser.add_argument('--batch-size', type=int, default=1)
     parser.add_argument('--tiny', action='store_true', help='small range, images and query count (seconds)')
     parser.add_argument('--seed', type=int, default=0)
@@ -45,8 +49,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results = {}
     for shape, paths in shape_configs(options).items():
         print(f'## {shape}, batch {options.batch_size}: A = {paths[0]}, B = {paths[1]}\n', flush=True)
-        results[shape] = count_pair(paths, options)
-        print(count_table(results[shape]) + '\n', flush=True)
+        results[shape] = count_pair(paths, options, args.modes)
+        for mode, result in results[shape].items():
+            print(f'{mode}:\n\n{count_table(result)}\n', flush=True)
     return results
 
 

@@ -1,12 +1,15 @@
 """Device ops of a detector's head and optimizer step on fake CUDA (``tools/count_device_ops.py``).
 
 The features come from the detector's own backbones on the CPU (the fixed
-batch of ``tools/benchmark_model.py``); the head's forward at inference and one
-optimizer step (``foreach`` as PyTorch chooses on CUDA, unless the config asks
-for ``fused``; after a first step, which also makes the optimizer's state) then
-run on fake CUDA tensors under :class:`~..utils.device_ops.DeviceOpCounter`.
-The head's rows are the parts ``tools/benchmark_model.py`` times (:data:`.part_timer.MODULE_ROWS`
-under the head) and each decoder layer's cross-attention.
+batch of ``tools/benchmark_model.py``); then, on fake CUDA tensors under
+:class:`~..utils.device_ops.DeviceOpCounter`: the head's forward at inference
+(``inference``) or in training with the ground truth (``train``: denoising
+queries, dropout, the graph recorded for a backward that fake CUDA cannot run)
+followed by one optimizer step (``foreach`` as PyTorch chooses on CUDA, unless
+the config asks for ``fused``; after a first step, which also makes the
+optimizer's state). The head's rows are the parts ``tools/benchmark_model.py``
+times (:data:`.part_timer.MODULE_ROWS` under the head) and each decoder layer's
+cross-attention.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -20,8 +23,10 @@ from .model_benchmark import ModelBenchmarkOptions, build_pair, make_batch
 from .optimizer_step import OptimizerStep
 from .part_timer import MODULE_ROWS
 
-HEAD_ROW = 'head (inference forward)'
+HEAD_ROW = 'head forward'
 OPTIMIZER_ROW = 'optimizer step'
+#: what :func:`count_model_ops` can count
+MODES = ('inference', 'train')
 
 
 def _head_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
@@ -45,49 +50,76 @@ def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
         return None
 
 
-def count_model_ops(model: nn.Module, cfg: Config, batch: dict) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Device ops and host-to-device copies per row (:data:`HEAD_ROW`'s parts, :data:`OPTIMIZER_ROW`).
+def count_model_ops(model: nn.Module, cfg: Config, batch: dict,
+                    modes: Sequence[str] = MODES) -> Dict[str, Tuple[Dict[str, int], Dict[str, int]]]:
+    """Per mode, the device ops and host-to-device copies per row (:data:`HEAD_ROW`'s parts; in ``train`` also
+    :data:`OPTIMIZER_ROW`).
 
     The model is used up: its head is left on fake CUDA and its modules keep the counting hooks.
     """
     model.eval()
     with torch.no_grad():
         img_feats, pts_feats = model.extract_feat(batch['points'], batch['img'], batch['img_metas'])
-    counter = DeviceOpCounter('cuda')
+    counters = {mode: DeviceOpCounter('cuda') for mode in modes}
     for row, module in _head_parts(model):
-        counter.hook(row, module)
+        for counter in counters.values():
+            counter.hook(row, module)
     optimizer_cfg = dict(cfg.optimizer)
     if not optimizer_cfg.get('fused'):
         optimizer_cfg['foreach'] = True  # what PyTorch picks for CUDA parameters
     optimizer = OptimizerStep(model, Config(dict(optimizer=optimizer_cfg))).optimizer
+    rows = [row for row, _ in _head_parts(model)]
     with FakeTensorMode(allow_non_fake_inputs=True):
         head = model.pts_bbox_head.to('cuda')
         img_feats = [feat.to('cuda') for feat in img_feats]
         pts_feats = [feat.to('cuda') for feat in pts_feats]
-        with torch.no_grad(), counter:
-            head(pts_feats, img_feats, batch['img_metas'])
-        for group in optimizer.param_groups:  # the same groups, of fake CUDA parameters with gradients
-            group['params'] = [torch.zeros_like(param, device='cuda').requires_grad_() for param in group['params']]
-            for param in group['params']:
-                param.grad = torch.zeros_like(param)
-        optimizer.step()  # the first step also makes the state (two zero-filled moments per parameter)
-        with counter, counter.part(OPTIMIZER_ROW):
-            optimizer.step()
-    rows = [row for row, _ in _head_parts(model)] + [OPTIMIZER_ROW]
-    return ({row: counter.ops[row] for row in rows}, {row: counter.host_copies[row] for row in rows})
+        if 'inference' in counters:
+            head.eval()
+            with torch.no_grad(), counters['inference']:
+                head(pts_feats, img_feats, batch['img_metas'])
+        if 'train' in counters:
+            head.train()
+            gt_bboxes_3d = [boxes.to('cuda') for boxes in batch['gt_bboxes_3d']]
+            gt_labels_3d = [labels.to('cuda') for labels in batch['gt_labels_3d']]
+            features = [[feat.detach().requires_grad_() for feat in feats] for feats in (pts_feats, img_feats)]
+            with counters['train']:
+                head(*features, batch['img_metas'], gt_bboxes_3d, gt_labels_3d)
+            _count_optimizer_step(optimizer, counters['train'])
+    result = {}
+    for mode, counter in counters.items():
+        mode_rows = rows + ([OPTIMIZER_ROW] if mode == 'train' else [])
+        result[mode] = ({row: counter.ops[row] for row in mode_rows},
+                        {row: counter.host_copies[row] for row in mode_rows})
+    return result
 
 
-def count_pair(paths: Sequence[str], options: ModelBenchmarkOptions) -> dict:
-    """Both configs' counts on the same batch: ``{'rows': [...], 'A': (ops, copies), 'B': (ops, copies)}``."""
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, counter: DeviceOpCounter) -> None:
+    """One step of ``optimizer``'s groups on fake CUDA parameters, counted as :data:`OPTIMIZER_ROW` (after an
+    uncounted first step, which also makes the state: two zero-filled moments per parameter)."""
+    for group in optimizer.param_groups:
+        group['params'] = [torch.zeros_like(param, device='cuda').requires_grad_() for param in group['params']]
+        for param in group['params']:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    with counter, counter.part(OPTIMIZER_ROW):
+        optimizer.step()
+
+
+def count_pair(paths: Sequence[str], options: ModelBenchmarkOptions, modes: Sequence[str] = MODES) -> dict:
+    """Both configs' counts on the same batch, per mode: ``{mode: {'rows': [...], 'A': (ops, copies), 'B': ...}}``."""
     models, cfgs, _ = build_pair(tuple(paths), options)
     batch = make_batch(cfgs[1], options)
-    counts = [count_model_ops(model, cfg, batch) for model, cfg in zip(models, cfgs)]
-    rows = list(counts[1][0]) + [row for row in counts[0][0] if row not in counts[1][0]]  # B's rows first (AQR's)
-    return dict(rows=rows, A=counts[0], B=counts[1])
+    counts = [count_model_ops(model, cfg, batch, modes) for model, cfg in zip(models, cfgs)]
+    result = {}
+    for mode in modes:
+        ops_a, ops_b = counts[0][mode][0], counts[1][mode][0]
+        rows = list(ops_b) + [row for row in ops_a if row not in ops_b]  # B's rows first (AQR's)
+        result[mode] = dict(rows=rows, A=counts[0][mode], B=counts[1][mode])
+    return result
 
 
 def count_table(result: dict, names: Sequence[str] = ('A', 'B')) -> str:
-    """Markdown table of :func:`count_pair`'s result: device ops (and host copies) per row for A and B."""
+    """Markdown table of one mode of :func:`count_pair`'s result: device ops (and host copies) per row, A and B."""
     lines = [f'| part | {names[0]} device ops | {names[1]} device ops | {names[0]} / {names[1]} host copies |',
              '|---|---:|---:|---:|']
     for row in result['rows']:
