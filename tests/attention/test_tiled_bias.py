@@ -13,7 +13,7 @@ from projects.mmdet3d_plugin.attention import UnsupportedAttentionError, apply_a
 from projects.mmdet3d_plugin.attention.backends.tiled_bias.tables import key_cells, window_centres
 
 #: the checks of tiled_bias_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
-NUM_CHECKS = 17
+NUM_CHECKS = 18
 
 
 @pytest.mark.slow(seconds=30)

@@ -10,7 +10,8 @@ both biases; blocks smaller than the problem (query and key tails, a key tile
 straddling the BEV and camera grids); key padding with a segment and a whole
 sample padded; split-head strided inputs, an odd head dim, a custom scale;
 several segment biases; half precision; a bias-only gradient; the custom operators' fake implementations against
-the kernels (``torch.library.opcheck``).
+the kernels (``torch.library.opcheck``); a whole detector's training step (the demo CMT-AQR, one decoder layer)
+against ``auto``'s.
 """
 import os
 
@@ -139,3 +140,38 @@ def test_the_custom_operators_fake_implementations_match_the_kernels(cases):
     torch.library.opcheck(ops.tiled_bias_forward, (q, k, v, *bias, call.scale), test_utils=checks)
     torch.library.opcheck(ops.tiled_bias_backward, (torch.randn_like(out).half(), q, k, v, out, lse, *bias, call.scale),
                           test_utils=checks)
+
+
+def test_a_detector_training_step_through_it_equals_autos(monkeypatch):
+    """The demo CMT-AQR (one decoder layer, 20 queries and the DN queries, batch 1) trained one step with the AQR
+    bias through ``tiled_bias`` (``STRUCTURED_BIAS_FIRST``) and through ``auto``'s dense choice: the same loss and
+    every parameter's gradient (the router's and the bias generator's, whose gradients come through the kernels'
+    bias gradients, included), from the same weights, batch and dropout draws."""
+    from projects.mmdet3d_plugin.apis.model_benchmark import (ModelBenchmarkOptions, build_detector, load_config,
+                                                              make_batch)
+    from projects.mmdet3d_plugin.attention import dispatch
+    from projects.mmdet3d_plugin.attention.backends import BACKENDS
+    options = ModelBenchmarkOptions(tiny=True, queries=20, boxes=3, cfg_options={
+        'model.pts_bbox_head.transformer.decoder.num_layers': 1}).resolved()
+    cfg = load_config('configs/demo/cmt_aqr_synthetic_tiny.py', options)
+    model = build_detector(cfg, seed=0).train()
+    batch = make_batch(cfg, options)
+    tiled_calls = []
+    backend = BACKENDS['tiled_bias']
+    run = backend.forward
+    monkeypatch.setattr(backend, 'forward', lambda call: tiled_calls.append(call) or run(call))
+    results = {}
+    for name, first in (('auto', {}), ('tiled_bias', {'cpu': 'tiled_bias'})):
+        monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', first)
+        torch.manual_seed(5)
+        model.zero_grad(set_to_none=True)
+        loss = model.train_step(batch, None)['loss']
+        loss.backward()
+        results[name] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert len(tiled_calls) == 1, 'the decoder layer\'s cross-attention did not run through tiled_bias'
+    (loss, grads), (reference_loss, reference) = results['tiled_bias'], results['auto']
+    assert torch.allclose(loss, reference_loss, rtol=1e-6)
+    assert grads.keys() == reference.keys() and any('aqr_weight_generator' in name for name in grads)
+    scale = max(g.abs().max() for g in reference.values())
+    for name, gradient in grads.items():
+        torch.testing.assert_close(gradient, reference[name], rtol=1e-4, atol=1e-6 * scale, msg=name)
