@@ -102,8 +102,13 @@ def test_attention_bias_sum_sizes_and_dtype(cases):
     assert masked.to_dense()[..., 3].isneginf().all() and isinstance(masked.parts[-1], DenseBias)
 
 
-def test_select_queries_gives_the_rows_of_the_dense_bias(cases):
+@pytest.mark.parametrize('slots_made', [False, True])
+def test_select_queries_gives_the_rows_of_the_dense_bias(cases, slots_made):
+    """``slots_made``: the window slots already exist (a layer used the bias): the selection takes its rows of them
+    instead of building them again."""
     bias, _ = cases.make_bias('segment+window+lowrank', bias_heads=3)
+    if slots_made:
+        bias.to_dense()
     queries = torch.tensor([4, 0])
     selected = bias.select_queries(1, queries)
     assert selected.batch_size == 1 and selected.num_queries == 2

@@ -221,9 +221,14 @@ class WindowBias(BiasPart):
         return term
 
     def select_queries(self, batch: int, queries: Tensor) -> 'WindowBias':
-        return WindowBias(self.grids, [c[batch:batch + 1, queries] for c in self.centres],
-                          [v[batch:batch + 1, queries] for v in self.valid],
-                          [a[batch:batch + 1, :, queries] for a in self.amplitude], self.window_size)
+        selected = WindowBias(self.grids, [c[batch:batch + 1, queries] for c in self.centres],
+                              [v[batch:batch + 1, queries] for v in self.valid],
+                              [a[batch:batch + 1, :, queries] for a in self.amplitude], self.window_size)
+        if self._slots is not None:  # the selected queries' slots, taken from the whole bias's instead of rebuilt
+            index, valid, decays = self._slots
+            selected._slots = (index[batch:batch + 1, queries], valid[batch:batch + 1, queries],
+                               [decay[batch:batch + 1, queries] for decay in decays])
+        return selected
 
     def restrict_keys(self, start: int, end: int) -> Optional['WindowBias']:
         """The key grids inside the range, moved by ``-start``; a grid that straddles a range end raises
