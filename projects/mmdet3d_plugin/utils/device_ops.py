@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-#: ops that allocate without running anything
-_ALLOCATIONS = frozenset(['aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty',
-                          'aten::new_empty_strided'])
+#: ops that run no kernel: allocations, and a view whose schema does not say it is one (``reshape``'s)
+_NO_KERNEL = frozenset(['aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty',
+                        'aten::new_empty_strided', 'aten::_unsafe_view'])
 #: the name :attr:`DeviceOpCounter.ops` counts every op under
 TOTAL = 'total'
 
@@ -83,7 +83,7 @@ class DeviceOpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func._schema.name
-        if func.namespace == 'prim' or name in _ALLOCATIONS or _is_view(func):
+        if func.namespace == 'prim' or name in _NO_KERNEL or _is_view(func):
             return out
         if not any(isinstance(t, Tensor) and t.device.type == self.device_type
                    for t in tree_flatten((args, kwargs, out))[0]):
