@@ -32,10 +32,10 @@ def reference_probabilities(q: Tensor, k: Tensor, bias: Optional[Tensor], scale:
         if bias is not None:
             scores = scores + bias.to(dtype)
         row_max = scores.detach().amax(-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
         weights = torch.exp(scores - row_max)
         total = weights.sum(-1, keepdim=True)
-        return weights / torch.where(total > 0, total, torch.ones_like(total))
+        return weights / torch.where(total > 0, total, 1.0)
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float,

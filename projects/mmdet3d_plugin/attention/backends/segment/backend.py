@@ -147,21 +147,22 @@ class SegmentAttentionFunction(torch.autograd.Function):
         if plan.has_window:
             base_mass, window_mass = _window_logits(q, k, segment_values, window_weight, plan)
             row_max = torch.maximum(row_max, window_mass.amax(-1))
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))[..., None]
+        row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)[..., None]
         mass = torch.exp(logits - row_max)
         total = mass.sum(-1)
         numerator = sum(m[..., None] * o.float() for m, o in zip(mass.unbind(-1), outs))
-        retained = torch.ones_like(total)
         if plan.has_window:
             # every logit is <= row_max, so both exponentials are <= 1; the difference c_j has an absolute error
             # of eps times the row's mass, which only matters where it cancels most of it (flagged rows)
             window_mass = window_mass.sub_(row_max).exp_()
             corrections = window_mass - base_mass.sub_(row_max).exp_()
             corrected_total = total + corrections.sum(-1)
-            retained = corrected_total / torch.where(total > 0, total, torch.ones_like(total))
+            retained = corrected_total / torch.where(total > 0, total, 1.0)
             total = corrected_total
             numerator = numerator + plan.window.weighted_sum(corrections, v)
-        safe_total = torch.where(total > 0, total, torch.ones_like(total))[..., None]
+        else:
+            retained = torch.ones_like(total)
+        safe_total = torch.where(total > 0, total, 1.0)[..., None]
         out = numerator / safe_total
         ctx.mark_non_differentiable(retained)
         if any(ctx.needs_input_grad):
