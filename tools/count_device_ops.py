@@ -17,6 +17,7 @@ the count says how much work the host queues; it is no time: time it with
 ``tools/benchmark_model.py --device cuda``.
 """
 import argparse
+import json
 from typing import Optional, Sequence
 
 from projects.mmdet3d_plugin.apis.device_op_count import MODES, count_pair, count_table
@@ -37,6 +38,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--prefer-backend', choices=sorted(BACKENDS),
                         help="the attention backend 'auto' tries first for the AQR biases on CUDA (as "
                              'tools/benchmark_model.py --prefer-backend)')
+    parser.add_argument('--out', help='write the counts as JSON here')
     return parser.parse_args(argv)
 
 
@@ -52,6 +54,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         results[shape] = count_pair(paths, options, args.modes)
         for mode, result in results[shape].items():
             print(f'{mode}:\n\n{count_table(result)}\n', flush=True)
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(dict(settings=dict(vars(args), batch_size=options.batch_size), results=results), f, indent=1)
     return results
 
 
