@@ -125,6 +125,16 @@ def test_regrouping_refuses_parameters_saved_with_different_options_or_another_m
         regroup_optimizer_state(saved, [0] * 11, [11])
 
 
+def test_a_state_merged_with_other_options_is_refused_not_renumbered():
+    """Saved with a neck of its own options (4 merged groups), loaded where the neck shares the base options (3):
+    the saved numbering is not mmcv's per-parameter one, so it must not be regrouped as if it were."""
+    other = dict(custom_keys=dict(PARAMWISE['custom_keys'], head=dict(lr_mult=0.5)))
+    saved = MergedParamGroupsOptimizerConstructor(ADAMW, other)(_Detector()).state_dict()
+    assert len(saved['param_groups']) == 4
+    with pytest.raises(ValueError, match='different number of parameter groups'):
+        MergedParamGroupsOptimizerConstructor(ADAMW, PARAMWISE)(_Detector()).load_state_dict(saved)
+
+
 def test_without_paramwise_options_it_builds_what_mmcv_builds():
     model = _Detector()
     optimizer = MergedParamGroupsOptimizerConstructor(ADAMW)(model)

@@ -23,7 +23,9 @@ bit for bit). Learning-rate and momentum hooks set every group from its own
 A checkpoint saved with the per-parameter groups still resumes: a
 ``load_state_dict`` pre-hook of the optimizer (:func:`regroup_optimizer_state`)
 renumbers its per-parameter state into the merged layout and checks that the
-groups it merges still hold equal options.
+groups it merges still hold equal options. A state saved in another merged
+layout (a changed ``paramwise_cfg``) is refused by PyTorch's own check of the
+group count.
 """
 from functools import partial
 from itertools import accumulate
@@ -117,8 +119,10 @@ def regroup_optimizer_state(state_dict: dict, new_position: Sequence[int], group
 
 
 def _regroup_unmerged_state(optimizer: Optimizer, state_dict: dict, new_position: Sequence[int]) -> Optional[dict]:
-    """``load_state_dict`` pre-hook: a state dict with other groups than ``optimizer``'s is regrouped."""
-    if len(state_dict['param_groups']) == len(optimizer.param_groups):
+    """``load_state_dict`` pre-hook: a state dict saved with one group per parameter (mmcv's layout) is regrouped;
+    any other layout is left to ``Optimizer.load_state_dict`` (which refuses another number of groups)."""
+    groups = state_dict['param_groups']
+    if len(groups) == len(optimizer.param_groups) or any(len(group['params']) != 1 for group in groups):
         return None
     return regroup_optimizer_state(state_dict, new_position, [len(group['params']) for group in optimizer.param_groups])
 
