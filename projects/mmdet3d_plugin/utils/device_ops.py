@@ -22,6 +22,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .host_data import host_copy_of
+
 #: ops that run no kernel: allocations, and a view whose schema does not say it is one (``reshape``'s)
 _NO_KERNEL = frozenset(['aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty',
                         'aten::new_empty_strided', 'aten::_unsafe_view'])
@@ -32,16 +34,6 @@ TOTAL = 'total'
 def _is_view(func) -> bool:
     """Whether ``func`` returns an alias of an input without writing it (``view``, ``transpose``, ``expand`` ...)."""
     return any(ret.alias_info is not None and not ret.alias_info.is_write for ret in func._schema.returns)
-
-
-def _is_host_copy(func, args, kwargs) -> bool:
-    """Whether ``func`` copies a CPU tensor to another device."""
-    if func is torch.ops.aten._to_copy.default:
-        return args[0].device.type == 'cpu' and kwargs.get('device') is not None and (
-            torch.device(kwargs['device']).type != 'cpu')
-    if func is torch.ops.aten.copy_.default:
-        return args[1].device.type == 'cpu' and args[0].device.type != 'cpu'
-    return False
 
 
 class DeviceOpCounter(TorchDispatchMode):
@@ -88,7 +80,7 @@ class DeviceOpCounter(TorchDispatchMode):
         if not any(isinstance(t, Tensor) and t.device.type == self.device_type
                    for t in tree_flatten((args, kwargs, out))[0]):
             return out
-        counter = self.host_copies if _is_host_copy(func, args, kwargs) else self.ops
+        counter = self.ops if host_copy_of(func, args, kwargs) is None else self.host_copies
         if counter is self.ops:
             self.op_names[name] += 1
         for part in (TOTAL, *self._open):

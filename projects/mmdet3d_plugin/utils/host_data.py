@@ -24,7 +24,7 @@ wait when they run on CUDA (a backward that indexes with a boolean mask, say).
 import contextlib
 import threading
 import traceback
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -132,6 +132,36 @@ def permitted_host_sync() -> Iterator[None]:
         _PERMITTED.depth -= 1
 
 
+class HostCopy(NamedTuple):
+    """A copy of host data to another device: its source, its target device and whether it is asynchronous."""
+
+    source: Tensor
+    target: torch.device
+    non_blocking: bool
+
+
+def host_copy_of(func, args: tuple, kwargs: dict) -> Optional[HostCopy]:
+    """What the dispatched op ``func(*args, **kwargs)`` copies from a CPU tensor to another device, if anything.
+
+    Args:
+        func: an ATen op overload (``aten._to_copy.default``, ``aten.copy_.default`` copy; others do not).
+        args (tuple): its positional arguments.
+        kwargs (dict): its keyword arguments.
+
+    Returns:
+        HostCopy | None: the copy, or None when the op copies nothing from the host to a device.
+    """
+    if func is torch.ops.aten._to_copy.default:
+        source, target = args[0], kwargs.get('device')
+        if source.device.type == 'cpu' and target is not None and torch.device(target).type != 'cpu':
+            return HostCopy(source, torch.device(target), kwargs.get('non_blocking', False))
+    elif func is torch.ops.aten.copy_.default:
+        target, source = args[0], args[1]
+        if source.device.type == 'cpu' and target.device.type != 'cpu':
+            return HostCopy(source, target.device, args[2] if len(args) > 2 else kwargs.get('non_blocking', False))
+    return None
+
+
 class HostCopyCounter(TorchDispatchMode):
     """Record every blocking host-to-accelerator copy dispatched inside the mode.
 
@@ -150,16 +180,9 @@ class HostCopyCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default:
-            source, target = args[0], kwargs.get('device')
-            if (source.device.type == 'cpu' and target is not None and torch.device(target).type != 'cpu'
-                    and not kwargs.get('non_blocking', False)):
-                self.copies.append(f'{func}: {tuple(source.shape)} -> {target}')
-        elif func is torch.ops.aten.copy_.default:
-            target, source = args[0], args[1]
-            non_blocking = args[2] if len(args) > 2 else kwargs.get('non_blocking', False)
-            if source.device.type == 'cpu' and target.device.type != 'cpu' and not non_blocking:
-                self.copies.append(f'{func}: {tuple(source.shape)} -> {target.device}')
+        copy = host_copy_of(func, args, kwargs)
+        if copy is not None and not copy.non_blocking:
+            self.copies.append(f'{func}: {tuple(copy.source.shape)} -> {copy.target}')
         return func(*args, **kwargs)
 
 
