@@ -11,10 +11,10 @@ def test_counts_cmt_and_cmt_aqr_per_part(capsys, tmp_path):
     results = count_device_ops.main(['--tiny', '--out', str(tmp_path / 'counts.json')])
     (ops_a, _), (ops_b, _) = results['r50']['inference']['A'], results['r50']['inference']['B']
     assert 'AQR weight generator' not in ''.join(ops_a) and ops_b['  AQR weight generator'] > 0
-    assert ops_b['head forward'] > ops_a['head forward'] > 0
-    assert ops_a['    decoder layer 5 cross-attention'] > 0 and 'optimizer step' not in ops_a
+    assert ops_b['head'] > ops_a['head'] > 0
+    assert ops_a['    decoder layer 5 cross_attn'] > 0 and 'optimizer step' not in ops_a
     (train_a, _), (train_b, _) = results['r50']['train']['A'], results['r50']['train']['B']
-    assert train_a['head forward'] > ops_a['head forward']  # denoising queries, the loss targets' encoding ...
+    assert train_a['head'] > ops_a['head']  # denoising queries, the loss targets' encoding ...
     assert train_b['  AQR weight generator'] > ops_b['  AQR weight generator']  # its dropout
     # three parameter groups (MergedParamGroupsOptimizerConstructor): a few dozen foreach ops, not one set per tensor
     assert 0 < train_b['optimizer step'] < 100

@@ -7,47 +7,34 @@ batch of ``tools/benchmark_model.py``); then, on fake CUDA tensors under
 queries, dropout, the graph recorded for a backward that fake CUDA cannot run)
 followed by one optimizer step (``foreach`` as PyTorch chooses on CUDA, unless
 the config asks for ``fused``; after a first step, which also makes the
-optimizer's state). The head's rows are the parts ``tools/benchmark_model.py``
-times (:data:`.part_timer.MODULE_ROWS` under the head) and each decoder layer's
-cross-attention.
+optimizer's state). The head's rows are the parts of the head
+``tools/benchmark_model.py`` times (:func:`.part_timer.timed_parts`: the AQR
+generators, the transformer, each decoder layer's self- and cross-attention).
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from mmcv import Config
+from mmcv.runner import build_optimizer
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..utils.device_ops import DeviceOpCounter
 from .model_benchmark import ModelBenchmarkOptions, build_pair, make_batch
-from .optimizer_step import OptimizerStep
-from .part_timer import MODULE_ROWS
+from .part_timer import timed_parts
 
-HEAD_ROW = 'head forward'
+HEAD_ROW = 'head'
 OPTIMIZER_ROW = 'optimizer step'
 #: what :func:`count_model_ops` can count
 MODES = ('inference', 'train')
 
 
 def _head_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
-    """(row, module) of the head, its AQR generators and transformer, and each decoder layer's cross-attention."""
-    parts = [(HEAD_ROW, model.pts_bbox_head)]
-    for row, path in MODULE_ROWS:
-        if path.startswith('pts_bbox_head.'):
-            module = _submodule(model, path)
-            if module is not None:
-                parts.append((f'  {row.strip()}', module))
-    for index, layer in enumerate(model.pts_bbox_head.transformer.decoder.layers):
-        parts.append((f'    decoder layer {index} cross-attention', layer.attentions[1]))
-    return parts
-
-
-def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
-    """``model``'s submodule at ``path``, or None (CMT has no AQR generators)."""
-    try:
-        return model.get_submodule(path)
-    except AttributeError:
-        return None
+    """The rows :func:`.part_timer.timed_parts` gives the head and its parts (AQR generators, transformer, each
+    decoder layer's attentions)."""
+    parts = timed_parts(model)
+    start = next(index for index, (row, _) in enumerate(parts) if row == HEAD_ROW)
+    return parts[start:]
 
 
 def count_model_ops(model: nn.Module, cfg: Config, batch: dict,
@@ -61,14 +48,15 @@ def count_model_ops(model: nn.Module, cfg: Config, batch: dict,
     with torch.no_grad():
         img_feats, pts_feats = model.extract_feat(batch['points'], batch['img'], batch['img_metas'])
     counters = {mode: DeviceOpCounter('cuda') for mode in modes}
-    for row, module in _head_parts(model):
+    parts = _head_parts(model)
+    for row, module in parts:
         for counter in counters.values():
             counter.hook(row, module)
     optimizer_cfg = dict(cfg.optimizer)
     if not optimizer_cfg.get('fused'):
         optimizer_cfg['foreach'] = True  # what PyTorch picks for CUDA parameters
-    optimizer = OptimizerStep(model, Config(dict(optimizer=optimizer_cfg))).optimizer
-    rows = [row for row, _ in _head_parts(model)]
+    optimizer = build_optimizer(model, optimizer_cfg)
+    rows = [row for row, _ in parts]
     with FakeTensorMode(allow_non_fake_inputs=True):
         head = model.pts_bbox_head.to('cuda')
         img_feats = [feat.to('cuda') for feat in img_feats]
