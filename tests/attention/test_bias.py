@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from projects.mmdet3d_plugin.attention import (AttentionBias, DenseBias, KeyGrid, LowRankBias, SegmentBias,
-                                               WindowBias, as_attention_bias, window_stencil)
+                                               WindowBias, as_attention_bias)
 
 
 def loop_window_bias(window: WindowBias, num_keys: int) -> torch.Tensor:
@@ -57,13 +57,6 @@ def test_window_to_dense_clipping_and_invalid_queries():
     assert not dense[2].any(), 'an invalid query gets no bias'
     assert not dense[3].any(), 'a centre on a plane outside the grid gets no bias'
     assert not dense[:, :2].any() and not dense[:, 26:].any(), 'keys outside the grid get no bias'
-
-
-def test_window_stencil_is_the_positive_decay_disc():
-    dy, dx, decay = window_stencil(15)
-    assert len(dy) == sum(1 for y in range(-7, 8) for x in range(-7, 8) if math.hypot(y, x) < 7.5)
-    torch.testing.assert_close(decay, 1 - torch.sqrt((dy**2 + dx**2).float()) / 7.5)
-    assert window_stencil(1)[2].tolist() == [1.0]
 
 
 def test_segment_bias_dense_and_low_rank():

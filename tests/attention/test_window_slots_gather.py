@@ -251,7 +251,8 @@ def test_gather_formulation_traces_on_fake_cuda_without_embedding_bag(dtype):
 def check_local_window_attention_formulations_agree(monkeypatch, formulation, attn_drop=0.0):
     """The AQR local window attention (``models/aqr/local_window.py``, a pattern without ``valid``: the slots it
     gives weight 0, invalid or dropped, add nothing) with ``formulation`` and ``'sparse'``."""
-    from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention, window_token_index
+    from projects.mmdet3d_plugin.attention.bias.window_cells import window_offsets, window_token_index
+    from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention
     bs, num_queries, dims, grid = 2, 9, 16, (5, 6)
     torch.manual_seed(0)
     module = LocalWindowAttention(dims, num_heads=4, attn_drop=attn_drop).train(attn_drop > 0)
@@ -260,7 +261,7 @@ def check_local_window_attention_formulations_agree(monkeypatch, formulation, at
     centres[:, 0] = 0  # clipped windows
     visible = torch.rand(bs, num_queries) > 0.3
     visible[:, -1] = False
-    index, valid = window_token_index(centres, grid, 3, center_valid=visible)
+    index, valid = window_token_index(centres, grid, window_offsets(3), center_valid=visible)
     query, key, value = (torch.randn(bs, n, dims, requires_grad=True) for n in (num_queries, 30, 30))
     inputs = [query, key, value] + list(module.parameters())
     results = {}

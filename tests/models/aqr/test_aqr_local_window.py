@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention, window_offsets, window_token_index
+from projects.mmdet3d_plugin.attention.bias.window_cells import window_offsets, window_token_index
+from projects.mmdet3d_plugin.models.aqr.local_window import LocalWindowAttention
 
 BEV_HW, CAM = (6, 7), (2, 4, 5)  # BEV rows x cols; camera views x rows x cols
 
@@ -47,9 +48,9 @@ def _random_queries(bs, num_query):
 
 
 def _window_index(pts_bev, pers, visible, lidar_window, camera_window):
-    bev_index, bev_valid = window_token_index(pts_bev, BEV_HW, lidar_window)
-    cam_index, cam_valid = window_token_index(pers[..., 1:], CAM[1:], camera_window, center_valid=visible,
-                                              plane=pers[..., 0].clamp(min=0))
+    bev_index, bev_valid = window_token_index(pts_bev, BEV_HW, window_offsets(lidar_window))
+    cam_index, cam_valid = window_token_index(pers[..., 1:], CAM[1:], window_offsets(camera_window),
+                                              center_valid=visible, plane=pers[..., 0].clamp(min=0))
     num_bev = BEV_HW[0] * BEV_HW[1]
     return torch.cat([bev_index, cam_index + num_bev], -1), torch.cat([bev_valid, cam_valid], -1)
 
@@ -77,30 +78,6 @@ def test_gathered_window_attention_equals_dense_mask_reference(lidar_window, cam
         assert torch.allclose(grad, grad_ref, atol=1e-5)
     # the gathered windows hold exactly the keys of the dense mask
     assert valid.sum().item() == _dense_window_mask(pts_bev, pers, visible, lidar_window, camera_window).sum().item()
-
-
-def test_window_is_clipped_at_borders():
-    index, valid = window_token_index(torch.tensor([[[0, 0], [2, 3]]]), (3, 4), 3)
-    assert sorted(index[0, 0][valid[0, 0]].tolist()) == [0, 1, 4, 5]
-    # centre (2, 3) on a 3x4 grid: rows 1..2, cols 2..3
-    assert sorted(index[0, 1][valid[0, 1]].tolist()) == [6, 7, 10, 11]
-    assert valid.sum() == 8 and (index[~valid] == 0).all()
-
-
-def test_window_plane_offsets_index_and_invalid_centre_has_no_token():
-    centers = torch.tensor([[[1, 1], [1, 1]]])
-    index, valid = window_token_index(centers, (3, 3), 1, center_valid=torch.tensor([[True, False]]),
-                                      plane=torch.tensor([[2, 0]]))
-    assert index[0, 0].tolist() == [2 * 9 + 4] and valid[0].tolist() == [[True], [False]]
-
-
-def test_first_token_offsets_every_index_of_a_grid_in_a_longer_memory():
-    """The router's camera windows: after 100 BEV tokens, on plane 1 of 3x4 cells; clipped cells point at token 100."""
-    index, valid = window_token_index(torch.tensor([[[0, 3]]]), (3, 4), 3, plane=torch.tensor([[1]]), first_token=100)
-    assert sorted(index[0, 0][valid[0, 0]].tolist()) == [100 + 12 + cell for cell in (2, 3, 6, 7)]
-    assert valid.sum() == 4 and (index[~valid] == 100).all()
-    index, valid = window_token_index(torch.tensor([[[1, 1]]]), (3, 4), 1, first_token=7)
-    assert index.tolist() == [[[7 + 5]]]
 
 
 def test_query_without_valid_token_is_finite():
@@ -157,9 +134,6 @@ def test_dropout_in_training_equals_the_gathered_formulation_with_the_same_rando
     assert not torch.allclose(module(query, key, value, index, valid), out), 'dropout did not act'
 
 
-def test_offsets_and_sizes():
-    assert window_offsets(3).tolist() == [[-1, -1], [-1, 0], [-1, 1], [0, -1], [0, 0], [0, 1], [1, -1], [1, 0], [1, 1]]
-    with pytest.raises(ValueError, match='odd'):
-        window_offsets(4)
+def test_heads_must_divide_the_channels():
     with pytest.raises(ValueError, match='divisible'):
         LocalWindowAttention(10, num_heads=3)

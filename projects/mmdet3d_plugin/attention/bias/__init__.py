@@ -22,7 +22,8 @@ test. Constructors only store tensors and check their shapes (no
 data-dependent checks, so no device synchronisation).
 
 One module per type: :mod:`.part` (the interface), :mod:`.key_grid`,
-:mod:`.segment`, :mod:`.low_rank`, :mod:`.window`, :mod:`.dense` and
+:mod:`.segment`, :mod:`.low_rank`, :mod:`.window` (with the window's cells in
+:mod:`.window_cells`), :mod:`.dense` and
 :mod:`.attention_bias` (the sum, and the functions that take any bias).
 """
 from .attention_bias import AttentionBias, as_attention_bias, restrict_keys
@@ -31,7 +32,8 @@ from .key_grid import KeyGrid
 from .low_rank import LowRankBias
 from .part import BiasPart, ScoreTerm
 from .segment import SegmentBias
-from .window import WindowBias, WindowKeys, check_disjoint_grids, window_stencil
+from .window import WindowBias, WindowKeys, check_disjoint_grids
+from .window_cells import window_stencil
 
 __all__ = [
     'AttentionBias', 'BiasPart', 'DenseBias', 'KeyGrid', 'LowRankBias', 'ScoreTerm', 'SegmentBias', 'WindowBias',

@@ -1,47 +1,13 @@
 """The :class:`WindowBias`: per query, a linearly decaying window around a centre cell on key grids (the AQR
-local bias), its stencil and its window keys."""
-import functools
-import math
+local bias) and its window keys (the cells: :mod:`.window_cells`)."""
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from ...utils.host_data import device_constant
 from .key_grid import KeyGrid
 from .part import BiasPart, ScoreTerm, _check_tensor, _float_to, _to_int
-
-
-@functools.lru_cache(maxsize=32)
-def _stencil_cells(window_size: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[float, ...]]:
-    """``dy``, ``dx`` and ``decay`` of :func:`window_stencil` as Python numbers (computed once per size)."""
-    radius = window_size // 2
-    cells = [(y, x, 1.0 - math.sqrt(y * y + x * x) / (window_size / 2.0))
-             for y in range(-radius, radius + 1) for x in range(-radius, radius + 1)]
-    dy, dx, decay = zip(*[cell for cell in cells if cell[2] > 0])
-    return dy, dx, decay
-
-
-def window_stencil(window_size: int, device=None) -> Tuple[Tensor, Tensor, Tensor]:
-    """The cells of a square window that get a non-zero linear-decay weight.
-
-    The cells are chosen on the host and copied to each device once
-    (:func:`~projects.mmdet3d_plugin.utils.host_data.device_constant`), so building the stencil has
-    no data-dependent shape and no device synchronisation (the same code runs,
-    and traces under ``FakeTensorMode``, on every device).
-
-    Args:
-        window_size (int): odd side length ``ws``.
-        device (torch.device, optional): device of the results.
-
-    Returns:
-        tuple[Tensor, Tensor, Tensor]: ``dy``, ``dx`` (long) and ``decay``
-        (float32), each ``[L]``: the cells with ``|dy|, |dx| <= ws // 2`` and
-        ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
-    """
-    dy, dx, decay = _stencil_cells(window_size)
-    return (device_constant(dy, device, torch.long), device_constant(dx, device, torch.long),
-            device_constant(decay, device, torch.float32))
+from .window_cells import window_stencil, window_token_index
 
 
 def cat_slots(pieces: Sequence[Tensor]) -> Tensor:
@@ -169,20 +135,13 @@ class WindowBias(BiasPart):
         ``[bs, Q, L_g]`` of each slot (0 where not valid)."""
         indices, valids, decays = [], [], []
         for grid, centres, valid, window_size in zip(self.grids, self.centres, self.valid, self.window_size):
-            dy, dx, decay = window_stencil(window_size, centres.device)
-            radius = window_size // 2
-            steps = torch.arange(-radius, radius + 1, device=centres.device)
-            plane, y, x = centres.unbind(-1)
-            # in-grid tests per stencil row / column ([bs, Q, ws]), then picked per cell: few [bs, Q, L] passes
-            rows = y[..., None] + steps
-            cols = x[..., None] + steps
-            row_inside = (rows >= 0) & (rows < grid.height)
-            col_inside = (cols >= 0) & (cols < grid.width)
-            query_inside = valid & (plane >= 0) & (plane < grid.planes)
-            inside = row_inside[..., dy + radius] & col_inside[..., dx + radius] & query_inside[..., None]
-            centre_key = grid.offset + (plane * grid.height + y) * grid.width + x
-            index = centre_key[..., None] + (dy * grid.width + dx)
-            indices.append(torch.where(inside, index, grid.offset))
+            offsets, decay = window_stencil(window_size, centres.device)
+            plane = centres[..., 0]
+            centre_valid = valid & (plane >= 0) & (plane < grid.planes)
+            # on a one-plane grid a valid centre is on plane 0: its plane adds nothing to the index
+            index, inside = window_token_index(centres[..., 1:], (grid.height, grid.width), offsets, centre_valid,
+                                               plane if grid.planes > 1 else None, first_token=grid.offset)
+            indices.append(index)
             valids.append(inside)
             decays.append(decay * inside)
         return cat_slots(indices), cat_slots(valids), decays

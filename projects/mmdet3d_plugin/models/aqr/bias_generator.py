@@ -34,8 +34,8 @@ from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
 from ...attention import AttentionBias, KeyGrid, SegmentBias, WindowBias
+from ...attention.bias.window_cells import check_window_size
 from .design_note_keys import BIAS_GENERATOR_RENAMED_KEYS, reject_renamed_keys
-from .local_window import check_window_size
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 

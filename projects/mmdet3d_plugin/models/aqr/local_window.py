@@ -11,75 +11,15 @@ length, independent of the number of keys ``K``.
 A window is the square of cells with Chebyshev distance ``<= window_size // 2``
 from the centre cell. Cells outside the grid (windows clipped at borders) and
 every camera cell of a query visible in no view are padded: their index points
-at the grid's first token and their validity flag is False.
+at the grid's first token and their validity flag is False
+(:func:`~projects.mmdet3d_plugin.attention.bias.window_cells.window_token_index`).
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from ...attention import SlotPattern
-from ...utils.host_data import device_constant
-from .projection import clamp_to_grid
-
-
-def check_window_size(window_size: int, name: str = 'window_size') -> int:
-    """Validate an odd, positive window size and return it as ``int``."""
-    if isinstance(window_size, bool) or int(window_size) != window_size or window_size < 1 or window_size % 2 == 0:
-        raise ValueError(f'{name} must be an odd positive integer, got {window_size!r}')
-    return int(window_size)
-
-
-def window_offsets(window_size: int, device: Optional[torch.device] = None) -> Tensor:
-    """Cell offsets of a square window (a cached device constant: do not modify it in place).
-
-    Args:
-        window_size (int): odd side length.
-        device (torch.device, optional): device of the result.
-
-    Returns:
-        Tensor: ``[window_size ** 2, 2]`` long ``(dy, dx)`` in row-major order.
-    """
-    radius = check_window_size(window_size) // 2
-    steps = range(-radius, radius + 1)
-    return device_constant([(dy, dx) for dy in steps for dx in steps], device, torch.long)
-
-
-def window_token_index(centers: Tensor,
-                       grid_hw: Tuple[int, int],
-                       window_size: int,
-                       center_valid: Optional[Tensor] = None,
-                       plane: Optional[Tensor] = None,
-                       first_token: int = 0) -> Tuple[Tensor, Tensor]:
-    """Flattened token indices of every query's window on a grid.
-
-    Args:
-        centers (Tensor): ``[bs, Q, 2]`` long ``(y, x)`` centre cells.
-        grid_hw (tuple[int, int]): ``(H, W)`` of the grid.
-        window_size (int): odd window side length.
-        center_valid (Tensor, optional): ``[bs, Q]`` bool; a query whose centre
-            is invalid gets no valid token (e.g. invisible to every camera).
-        plane (Tensor, optional): ``[bs, Q]`` long plane (camera view) of each
-            centre; the index is then ``plane * H * W + y * W + x``.
-        first_token (int): where the grid's tokens start in a memory of several
-            grids: added to every index.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``index`` ``[bs, Q, L]`` long (``first_token`` where invalid)
-        and ``valid`` ``[bs, Q, L]`` bool, ``L = window_size ** 2``.
-    """
-    height, width = (int(s) for s in grid_hw)
-    device = centers.device
-    cells = centers[..., None, :] + window_offsets(window_size, device)  # [bs, Q, L, 2]
-    valid = (clamp_to_grid(cells, (height, width)) == cells).all(-1)  # in the grid: clamping changes nothing
-    if center_valid is not None:
-        valid = valid & center_valid[..., None]
-    index = (cells * device_constant([width, 1], device, torch.long)).sum(-1)
-    if plane is not None:
-        index = index + (plane[..., None] * (height * width) + first_token)
-    elif first_token:
-        index = index + first_token
-    return torch.where(valid, index, first_token), valid
 
 
 class WindowAttentionFunction(torch.autograd.Function):

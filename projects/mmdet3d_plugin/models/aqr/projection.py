@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...attention.bias.window_cells import clamp_to_grid
 from ...utils.host_data import device_constant, host_to_device
 from ..utils.camera_geometry import stack_lidar2img
 from ..utils.positional_encoding import denormalize_points
@@ -73,13 +74,6 @@ def bev_cells(reference_points: Tensor, bev_shape: Tuple[int, int]) -> Tuple[Ten
     col_row = clamp_to_grid((pts[..., :2] * device_constant([width, height], device, torch.float32)).floor().long(),
                             (width, height))
     return col_row.flip(-1), (col_row * device_constant([1, width], device, torch.long)).sum(-1)
-
-
-def clamp_to_grid(cells: Tensor, grid_sizes: Sequence[int]) -> Tensor:
-    """Integer cells ``[..., A]`` clamped into a grid of ``grid_sizes[a]`` cells along each axis ``a`` (one op)."""
-    device, dtype = cells.device, cells.dtype
-    return cells.clamp(device_constant([0] * len(grid_sizes), device, dtype),
-                       device_constant([int(size) - 1 for size in grid_sizes], device, dtype))
 
 
 def _per_view_hw(shape_value, num_views: int, key: str) -> List[Tuple[float, float]]:

@@ -24,11 +24,11 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ...utils.host_data import host_to_device
+from ...attention.bias.window_cells import window_offsets, window_token_index
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
+from ...utils.host_data import host_to_device
 from ..utils.camera_geometry import pad_shape_hw, project_to_views
 from .aux_loss import DROPPED_MODALITIES_KEY
-from .local_window import window_token_index
 from .projection import bev_cells
 
 #: boxes per block in :func:`count_points_in_boxes` (bounds its ``[points, block]`` temporaries).
@@ -197,7 +197,8 @@ def oracle_routing_weights(projection_info: Mapping[str, Tensor], occupancy: Ten
         tuple[Tensor, Tensor]: ``lidar [bs, Q]`` and ``camera [bs, Q]``, 0. or 1.
     """
     bs, height, width = occupancy.shape
-    index, valid = window_token_index(projection_info['pts_bev'], (height, width), lidar_window)
+    index, valid = window_token_index(projection_info['pts_bev'], (height, width),
+                                      window_offsets(lidar_window, occupancy.device))
     occupied = occupancy.flatten(1).gather(1, index.flatten(1)).view_as(index) & valid
     view = projection_info['pts_pers_idx'][..., 0].clamp(min=0)
     camera = projection_info['visible'] & live_views.gather(1, view)

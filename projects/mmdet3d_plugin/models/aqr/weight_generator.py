@@ -7,9 +7,10 @@ from mmcv.runner import BaseModule
 from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
+from ...attention.bias.window_cells import check_window_size, window_offsets, window_token_index
 from ..utils.camera_geometry import stack_lidar2img
 from .aux_loss import modality_drop_flags, routing_loss
-from .local_window import LocalWindowAttention, check_window_size, window_token_index
+from .local_window import LocalWindowAttention
 from .projection import project_reference_points
 from .routing_layer_config import resolve_layer_sizes
 from .routing_targets import camera_visible_objects, matched_object_targets, query_target_loss
@@ -221,11 +222,12 @@ class AQRWeightGenerator(BaseModule):
             with ``L = lidar_window ** 2 + camera_window ** 2``; indices address
             the memory ``[BEV tokens ; camera tokens]``.
         """
-        bev_index, bev_valid = window_token_index(projection_info['pts_bev'], bev_shape, self.lidar_window)
         pers = projection_info['pts_pers_idx']
+        bev_index, bev_valid = window_token_index(projection_info['pts_bev'], bev_shape,
+                                                  window_offsets(self.lidar_window, pers.device))
         cam_index, cam_valid = window_token_index(
-            pers[..., 1:], camera_shape[1:], self.camera_window, center_valid=projection_info['visible'],
-            plane=pers[..., 0].clamp(min=0), first_token=bev_shape[0] * bev_shape[1])
+            pers[..., 1:], camera_shape[1:], window_offsets(self.camera_window, pers.device),
+            center_valid=projection_info['visible'], plane=pers[..., 0].clamp(min=0), first_token=bev_shape[0] * bev_shape[1])
         return torch.cat([bev_index, cam_index], dim=-1), torch.cat([bev_valid, cam_valid], dim=-1)
 
     def forward(self,

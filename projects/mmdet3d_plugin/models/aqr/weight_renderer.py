@@ -6,7 +6,7 @@ from mmcv.runner import BaseModule
 from mmdet.models.builder import MODELS
 from torch import Tensor
 
-from .local_window import check_window_size, window_offsets, window_token_index
+from ...attention.bias.window_cells import check_window_size, window_offsets, window_token_index
 
 KERNELS = ('gaussian', 'window')
 
@@ -76,7 +76,7 @@ class WeightRenderer(BaseModule):
         Returns:
             Tensor: ``[bs, H_bev, W_bev]``.
         """
-        index, valid = window_token_index(pts_bev, bev_shape, self.window_size)
+        index, valid = window_token_index(pts_bev, bev_shape, window_offsets(self.window_size, pts_bev.device))
         height, width = bev_shape
         return self._splat(weights, index, valid, height * width).reshape(-1, height, width)
 
@@ -94,7 +94,8 @@ class WeightRenderer(BaseModule):
             Tensor: ``[bs, N, H_img, W_img]``.
         """
         num_views, height, width = camera_shape
-        index, valid = window_token_index(pts_pers_idx[..., 1:], (height, width), self.window_size,
+        index, valid = window_token_index(pts_pers_idx[..., 1:], (height, width),
+                                          window_offsets(self.window_size, pts_pers_idx.device),
                                           center_valid=visible, plane=pts_pers_idx[..., 0].clamp(min=0))
         return self._splat(weights, index, valid, num_views * height * width).reshape(-1, num_views, height, width)
 

@@ -19,8 +19,8 @@ from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
 from ...attention import AttentionBias
+from ...attention.bias.window_cells import check_window_size
 from ..aqr.bias_generator import local_window_bias
-from ..aqr.local_window import check_window_size
 from ..aqr.projection import project_to_camera_cells
 
 

@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..triton_blocks import query_block_program
+
 #: queries per program
 BLOCK_Q = 32
 #: slots per program of ``dot`` and ``scatter_add_`` (the grid's third axis covers the rest)
@@ -43,11 +45,7 @@ SLOTS_PER_PROGRAM = 64
 def _dot_kernel(a_ptr, x_ptr, index_ptr, out_ptr, heads, num_queries, length, dim, scale,
                 sa_b, sa_h, sa_q, sa_d, sx_b, sx_h, sx_k, sx_d, si_b, si_q, si_l, so_b, so_h, so_q, so_l,
                 SLOTS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
-    table = tl.program_id(0)
-    b, h = table // heads, table % heads
-    queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    dims = tl.arange(0, BLOCK_D)
-    rows = queries < num_queries
+    b, h, queries, dims, rows = query_block_program(heads, num_queries, BLOCK_Q, BLOCK_D)
     cells = rows[:, None] & (dims < dim)[None, :]
     a = tl.load(a_ptr + b * sa_b + h * sa_h + queries[:, None] * sa_q + dims[None, :] * sa_d, mask=cells,
                 other=0.0).to(tl.float32)
@@ -63,11 +61,7 @@ def _dot_kernel(a_ptr, x_ptr, index_ptr, out_ptr, heads, num_queries, length, di
 def _weighted_sum_kernel(w_ptr, x_ptr, index_ptr, valid_ptr, out_ptr, heads, num_queries, length, dim,
                          sw_b, sw_h, sw_q, sw_l, sx_b, sx_h, sx_k, sx_d, si_b, si_q, si_l, sv_b, sv_q, sv_l,
                          so_b, so_h, so_q, so_d, HAS_VALID: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
-    table = tl.program_id(0)
-    b, h = table // heads, table % heads
-    queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    dims = tl.arange(0, BLOCK_D)
-    rows = queries < num_queries
+    b, h, queries, dims, rows = query_block_program(heads, num_queries, BLOCK_Q, BLOCK_D)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
     for j in range(length):
         slot = b * si_b + queries * si_q + j * si_l
@@ -89,11 +83,7 @@ def _scatter_add_kernel(target_ptr, w_ptr, a_ptr, index_ptr, valid_ptr, heads, n
                         st_b, st_h, st_k, st_d, sw_b, sw_h, sw_q, sw_l, sa_b, sa_h, sa_q, sa_d, si_b, si_q, si_l,
                         sv_b, sv_q, sv_l, HAS_VALID: tl.constexpr, SLOTS: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_D: tl.constexpr):
-    table = tl.program_id(0)
-    b, h = table // heads, table % heads
-    queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    dims = tl.arange(0, BLOCK_D)
-    rows = queries < num_queries
+    b, h, queries, dims, rows = query_block_program(heads, num_queries, BLOCK_Q, BLOCK_D)
     a = tl.load(a_ptr + b * sa_b + h * sa_h + queries[:, None] * sa_q + dims[None, :] * sa_d,
                 mask=rows[:, None] & (dims < dim)[None, :], other=0.0).to(tl.float32) * alpha
     first = tl.program_id(2) * SLOTS

@@ -39,6 +39,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..triton_blocks import query_block_program
+
 from .launch import launch_of
 from .tables import TileBiasTables
 
@@ -145,11 +147,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, keys_ptr, centres_ptr
                     sa_b, sa_h, sa_q, sg_b, sg_h, sg_q, sg_s, sp_b, NUM_GRIDS: tl.constexpr,
                     NUM_SEGMENTS: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    table = tl.program_id(0)
-    b, h = table // heads, table % heads
-    queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    dims = tl.arange(0, BLOCK_D)
-    rows = queries < num_queries
+    b, h, queries, dims, rows = query_block_program(heads, num_queries, BLOCK_Q, BLOCK_D)
     dim_mask = (dims < dim)[None, :]
     q = tl.load(_rows(q_ptr, b, h, queries, dims, sq_b, sq_h, sq_q, sq_d), mask=rows[:, None] & dim_mask, other=0.0)
     row_max = tl.full((BLOCK_Q, ), float('-inf'), tl.float32)
@@ -221,12 +219,8 @@ def _query_grad_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
     """``dq`` of one block of queries (float32, strides ``sr_*``) and the gradients of its bias terms
     ``[BLOCK_Q, NUM_GRIDS + NUM_SEGMENTS]`` (amplitude per grid, then value per segment; strides ``st_*``)."""
-    table = tl.program_id(0)
-    b, h = table // heads, table % heads
-    queries = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    dims = tl.arange(0, BLOCK_D)
+    b, h, queries, dims, rows = query_block_program(heads, num_queries, BLOCK_Q, BLOCK_D)
     terms = tl.arange(0, BLOCK_T)
-    rows = queries < num_queries
     dim_mask = (dims < dim)[None, :]
     block = rows[:, None] & dim_mask
     q, do, lse, delta = _query_block(q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, queries, rows, dims, block, sq_b, sq_h,

@@ -1,0 +1,112 @@
+"""Which cells a window around a query covers on a grid of keys, and their key indices.
+
+Pure functions shared by the AQR router's local window attention (the whole
+square window, :func:`window_offsets`) and the :class:`~.window.WindowBias`
+(the cells of the square with a positive linear decay, :func:`window_stencil`):
+both turn per-query centre cells into flattened key indices with
+:func:`window_token_index`. The cell lists are made on the host and copied to
+each device once (:func:`~projects.mmdet3d_plugin.utils.host_data.device_constant`),
+so no shape depends on data and nothing waits for the device.
+"""
+import functools
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ...utils.host_data import device_constant
+
+
+def check_window_size(window_size: int, name: str = 'window_size') -> int:
+    """Validate an odd, positive window size and return it as ``int``."""
+    if isinstance(window_size, bool) or int(window_size) != window_size or window_size < 1 or window_size % 2 == 0:
+        raise ValueError(f'{name} must be an odd positive integer, got {window_size!r}')
+    return int(window_size)
+
+
+def window_offsets(window_size: int, device: Optional[torch.device] = None) -> Tensor:
+    """Cell offsets of a square window (a cached device constant: do not modify it in place).
+
+    Args:
+        window_size (int): odd side length.
+        device (torch.device, optional): device of the result.
+
+    Returns:
+        Tensor: ``[window_size ** 2, 2]`` long ``(dy, dx)`` in row-major order.
+    """
+    radius = check_window_size(window_size) // 2
+    steps = range(-radius, radius + 1)
+    return device_constant([(dy, dx) for dy in steps for dx in steps], device, torch.long)
+
+
+@functools.lru_cache(maxsize=32)
+def _stencil_cells(window_size: int) -> Tuple[Tuple[Tuple[int, int], ...], Tuple[float, ...]]:
+    """``(dy, dx)`` and ``decay`` of :func:`window_stencil` as Python numbers (computed once per size)."""
+    radius = check_window_size(window_size) // 2
+    cells = [((y, x), 1.0 - math.sqrt(y * y + x * x) / (window_size / 2.0))
+             for y in range(-radius, radius + 1) for x in range(-radius, radius + 1)]
+    offsets, decay = zip(*[cell for cell in cells if cell[1] > 0])
+    return offsets, decay
+
+
+def window_stencil(window_size: int, device: Optional[torch.device] = None) -> Tuple[Tensor, Tensor]:
+    """The cells of a square window that get a non-zero linear-decay weight (cached device constants).
+
+    Args:
+        window_size (int): odd side length ``ws``.
+        device (torch.device, optional): device of the results.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``offsets`` ``[L, 2]`` long ``(dy, dx)`` and
+        ``decay`` ``[L]`` float32: the cells with ``|dy|, |dx| <= ws // 2`` and
+        ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
+    """
+    offsets, decay = _stencil_cells(window_size)
+    return device_constant(offsets, device, torch.long), device_constant(decay, device, torch.float32)
+
+
+def clamp_to_grid(cells: Tensor, grid_sizes: Sequence[int]) -> Tensor:
+    """Integer cells ``[..., A]`` clamped into a grid of ``grid_sizes[a]`` cells along each axis ``a`` (one op)."""
+    device, dtype = cells.device, cells.dtype
+    return cells.clamp(device_constant([0] * len(grid_sizes), device, dtype),
+                       device_constant([int(size) - 1 for size in grid_sizes], device, dtype))
+
+
+def window_token_index(centers: Tensor,
+                       grid_hw: Tuple[int, int],
+                       offsets: Tensor,
+                       center_valid: Optional[Tensor] = None,
+                       plane: Optional[Tensor] = None,
+                       first_token: int = 0) -> Tuple[Tensor, Tensor]:
+    """Flattened token indices of every query's window cells on a grid.
+
+    Args:
+        centers (Tensor): ``[bs, Q, 2]`` integer ``(y, x)`` centre cells.
+        grid_hw (tuple[int, int]): ``(H, W)`` of the grid.
+        offsets (Tensor): ``[L, 2]`` long ``(dy, dx)`` cells of the window
+            (:func:`window_offsets`, :func:`window_stencil`).
+        center_valid (Tensor, optional): ``[bs, Q]`` bool; a query whose centre
+            is invalid gets no valid token (e.g. invisible to every camera).
+        plane (Tensor, optional): ``[bs, Q]`` integer plane (camera view) of
+            each centre; the index is then ``plane * H * W + y * W + x``.
+        first_token (int): where the grid's tokens start in a memory of several
+            grids: added to every index.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``index`` ``[bs, Q, L]`` long (``first_token``
+        where invalid) and ``valid`` ``[bs, Q, L]`` bool: the cell lies in the
+        grid and the centre is valid.
+    """
+    height, width = (int(s) for s in grid_hw)
+    device = centers.device
+    cells = centers[..., None, :] + offsets  # [bs, Q, L, 2]
+    valid = (clamp_to_grid(cells, (height, width)) == cells).all(-1)  # in the grid: clamping changes nothing
+    if center_valid is not None:
+        valid = valid & center_valid[..., None]
+    index = (cells * device_constant([width, 1], device, torch.long)).sum(-1)
+    if plane is not None:
+        index = index + (plane[..., None] * (height * width) + first_token)
+    elif first_token:
+        index = index + first_token
+    return torch.where(valid, index, first_token), valid
