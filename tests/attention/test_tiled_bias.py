@@ -8,9 +8,11 @@ is first imported, which the package does (through torch's FlexAttention). What 
 """
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from projects.mmdet3d_plugin.attention import UnsupportedAttentionError, apply_attention, dispatch, select_backend
 from projects.mmdet3d_plugin.attention.backends.tiled_bias.tables import key_cells, window_centres
+from projects.mmdet3d_plugin.utils.device_ops import TOTAL, DeviceOpCounter
 
 #: the checks of tiled_bias_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
 NUM_CHECKS = 18
@@ -52,6 +54,18 @@ def test_tables_encode_the_bias(cases):
     expected = bias.to_dense()
     assert torch.allclose(_bias_from_tables(keys, centres, inv_half, amplitude, segment.values), expected, atol=1e-6)
     assert key_cells(grids, None, cases.NUM_KEYS, torch.device('cpu'))[4].eq(-1).all()
+
+
+def test_the_key_table_is_made_once_and_launches_nothing(cases):
+    """The key table depends on the shapes alone: made on the host once and served from a cache, so a call on a
+    GPU launches no kernel for it (counted on fake CUDA: one copy of host data, no device op)."""
+    grids, bounds = [cases.BEV, cases.CAMERA], ((0, 35), (35, cases.NUM_KEYS))
+    keys = key_cells(grids, bounds, cases.NUM_KEYS, torch.device('cpu'))
+    assert key_cells(tuple(grids), [list(b) for b in bounds], cases.NUM_KEYS, torch.device('cpu')) is keys
+    with FakeTensorMode(allow_non_fake_inputs=True), DeviceOpCounter('cuda') as counter:
+        fake = key_cells(grids, bounds, cases.NUM_KEYS, torch.device('cuda'))
+    assert fake.shape == keys.shape and fake.dtype == torch.int32
+    assert counter.ops[TOTAL] == 0 and counter.host_copies[TOTAL] == 1
 
 
 def test_refuses_what_it_cannot_apply(cases, monkeypatch):

@@ -5,7 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from projects.mmdet3d_plugin.utils.host_data import (HostCopyCounter, SyncingOpRecorder, device_constant,
-                                                    host_to_device, permitted_host_sync)
+                                                    device_table, host_to_device, permitted_host_sync)
 
 
 def test_device_constant_is_made_once_per_values_dtype_and_device():
@@ -14,6 +14,22 @@ def test_device_constant_is_made_once_per_values_dtype_and_device():
     assert first is not device_constant([1.0, 2.5, -3.0], 'cpu', torch.float64)
     assert first.tolist() == [1.0, 2.5, -3.0] and first.dtype == torch.float32
     assert device_constant(np.array([[1, 2], [3, 4]]), 'cpu', torch.long).tolist() == [[1, 2], [3, 4]]
+
+
+def test_a_table_is_made_once_per_name_and_device_and_every_time_when_fake():
+    made = []
+
+    def make():
+        made.append(1)
+        return np.arange(6, dtype=np.int32).reshape(2, 3)
+
+    first = device_table(('test table', 2, 3), make, 'cpu')
+    assert first is device_table(('test table', 2, 3), make, torch.device('cpu')) and len(made) == 1
+    assert first.dtype == torch.int32 and first.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert device_table(('test table', 3, 2), make) is not first and len(made) == 2
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = [device_table(('test table', 2, 3), make, 'cuda') for _ in range(2)]
+    assert fakes[0] is not fakes[1] and fakes[0].device.type == 'cuda' and len(made) == 4
 
 
 def test_a_constant_first_made_under_inference_mode_serves_training():

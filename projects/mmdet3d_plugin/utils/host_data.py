@@ -9,7 +9,8 @@ only through two functions:
 
 * :func:`device_constant`: values fixed for a run (a point-cloud range,
   code weights, a window stencil), copied once per (values, dtype, device) and
-  cached;
+  cached; :func:`device_table` the same for a larger table made on the host,
+  cached per (name, device);
 * :func:`host_to_device`: per-batch host data (``img_metas`` matrices and
   shapes, assignment indices), copied from pinned memory without blocking.
 
@@ -24,7 +25,7 @@ wait when they run on CUDA (a backward that indexes with a boolean mask, say).
 import contextlib
 import threading
 import traceback
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -83,17 +84,42 @@ def device_constant(values: Sequence, device: Optional[torch.device] = None,
     Returns:
         Tensor: ``values`` as a tensor on ``device``.
     """
+    return _cached_on_device(('values', _freeze(values), dtype), lambda: values, device, dtype)
+
+
+def device_table(name: Hashable, make: Callable[[], np.ndarray], device: Optional[torch.device] = None) -> Tensor:
+    """A constant table made on the host by ``make()``, copied to ``device`` once and then served from a cache.
+
+    For constants too large to be keyed by their values (:func:`device_constant`): ``name`` must determine what
+    ``make`` returns (e.g. the shapes it is built from). ``make`` runs once per (name, device); under
+    ``FakeTensorMode`` on every call (fake tensors are not cached). The cached tensor must not be modified in
+    place by callers.
+
+    Args:
+        name (Hashable): what the table is, e.g. ``('tiled_bias_key_cells', grids, bounds, num_keys)``.
+        make (Callable[[], np.ndarray]): builds the table on the host (a numpy array or a CPU tensor).
+        device (torch.device, optional): target device (default CPU).
+
+    Returns:
+        Tensor: the table on ``device``, in the dtype ``make`` gives it.
+    """
+    return _cached_on_device(('table', name), make, device, None)
+
+
+def _cached_on_device(key: Tuple, make: Callable, device: Optional[torch.device],
+                      dtype: Optional[torch.dtype]) -> Tensor:
+    """``make()`` on ``device`` (in ``dtype``), made once per (key, device) and cached (every call when fake)."""
     device = torch.device('cpu') if device is None else torch.device(device)
     if _is_fake(device):
-        return host_to_device(values, device, dtype)
+        return host_to_device(make(), device, dtype)
     if device.type == 'cuda' and device.index is None:
         device = torch.device('cuda', torch.cuda.current_device())
-    key = (_freeze(values), dtype, str(device))
+    key = key + (str(device), )
     with _CONSTANTS_LOCK:
         cached = _CONSTANTS.get(key)
         if cached is None:
             with torch.inference_mode(False), torch.no_grad():
-                cached = host_to_device(values, device, dtype)
+                cached = host_to_device(make(), device, dtype)
             _CONSTANTS[key] = cached
     return cached
 

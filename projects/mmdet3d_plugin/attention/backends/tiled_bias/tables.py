@@ -2,10 +2,11 @@
 centres (pure functions of the bias and the call's shapes; no Triton)."""
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ....utils.host_data import device_constant
+from ....utils.host_data import device_constant, device_table
 from ...bias import KeyGrid, WindowBias
 
 
@@ -39,6 +40,9 @@ def key_cells(grids: Sequence[KeyGrid], segment_bounds: Optional[Sequence[Tuple[
               device: torch.device) -> Tensor:
     """Where every key lies: ``[5, K]`` int32 rows grid id, plane, y, x, segment id.
 
+    A function of the shapes alone: made on the host once per (grids, segments, K) and copied to each device
+    once (:func:`~projects.mmdet3d_plugin.utils.host_data.device_table`), so a call launches nothing for it.
+
     Args:
         grids (Sequence[KeyGrid]): disjoint key grids; grid ``g`` gets id ``g``.
         segment_bounds (Sequence[tuple[int, int]], optional): the key range of
@@ -47,18 +51,24 @@ def key_cells(grids: Sequence[KeyGrid], segment_bounds: Optional[Sequence[Tuple[
         device (torch.device): device of the table.
 
     Returns:
-        Tensor: ``[5, K]`` int32; a key on no grid has grid id -1 (and plane,
-        y, x 0).
+        Tensor: ``[5, K]`` int32 (a cached table: do not modify it in place); a key on no grid has grid id -1
+        (and plane, y, x 0).
     """
-    cells = torch.zeros((5, num_keys), dtype=torch.int32, device=device)
+    grids = tuple(grids)
+    bounds = None if segment_bounds is None else tuple((int(start), int(end)) for start, end in segment_bounds)
+    return device_table(('tiled_bias_key_cells', grids, bounds, int(num_keys)),
+                        lambda: _host_key_cells(grids, bounds, num_keys), device)
+
+
+def _host_key_cells(grids: Sequence[KeyGrid], segment_bounds: Optional[Sequence[Tuple[int, int]]],
+                    num_keys: int) -> np.ndarray:
+    """:func:`key_cells`' table, on the host."""
+    cells = np.zeros((5, num_keys), dtype=np.int32)
     cells[0] = -1
     for index, grid in enumerate(grids):
-        local = torch.arange(grid.num_cells, dtype=torch.int32, device=device)
-        plane_size = grid.height * grid.width
         cells[0, grid.offset:grid.end] = index
-        cells[1, grid.offset:grid.end] = local // plane_size
-        cells[2, grid.offset:grid.end] = local % plane_size // grid.width
-        cells[3, grid.offset:grid.end] = local % grid.width
+        cells[1:4, grid.offset:grid.end] = np.unravel_index(np.arange(grid.num_cells),
+                                                            (grid.planes, grid.height, grid.width))
     cells[4] = -1
     for index, (start, end) in enumerate(segment_bounds or ()):
         cells[4, start:end] = index
