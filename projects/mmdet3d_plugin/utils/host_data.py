@@ -5,7 +5,7 @@ device='cuda')``, ``x.new_tensor(list)``, ``numpy_tensor.to('cuda')``) is a
 pageable copy followed by a stream synchronisation: the host waits for every
 kernel queued before it. In a training step that makes the CPU wait for the
 GPU dozens of times. The model's code therefore brings host data to a device
-only through two functions:
+only through these functions:
 
 * :func:`device_constant`: values fixed for a run (a point-cloud range,
   code weights, a window stencil), copied once per (values, dtype, device) and
