@@ -189,9 +189,11 @@ def test_the_log_says_once_per_kind_of_call_whatever_its_size(cases, caplog, mon
 
 
 def test_cuda_size_rule_covers_the_window_bias_only(monkeypatch):
-    """On (fake) CUDA a small local bias runs dense sdpa (CUDA_DENSE_BIAS_MAX_ELEMENTS, measured on an H200), a
-    larger one segment; the global bias takes segment at every size."""
+    """On (fake) CUDA, beneath ``tiled_bias`` (the calls it cannot run), a small local bias runs dense sdpa
+    (CUDA_DENSE_BIAS_MAX_ELEMENTS, measured on an H200), a larger one segment; the global bias takes segment at
+    every size."""
     assert dispatch.SIZE_RULE_DEVICES == ('cpu', 'cuda')
+    monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', {})
     with FakeTensorMode(allow_non_fake_inputs=True):
         qkv, bias, _ = _problem('global', 64, device='cuda', num_queries=4)
         name, reason = select_backend(qkv[0], bias, k=qkv[1], v=qkv[2])

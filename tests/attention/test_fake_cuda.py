@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from projects.mmdet3d_plugin.attention import (AttentionBias, KeyGrid, SegmentBias, WindowBias, apply_attention,
                                                select_backend)
-from projects.mmdet3d_plugin.attention import SlotPattern
+from projects.mmdet3d_plugin.attention import SlotPattern, dispatch
 from projects.mmdet3d_plugin.attention.backends import UnsupportedAttentionError
 from projects.mmdet3d_plugin.attention.backends.segment import backend as segment
 from projects.mmdet3d_plugin.attention.dispatch import _make_call
@@ -105,18 +105,36 @@ def test_cuda_calls_copy_no_host_data_to_the_device():
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_select_backend_on_cuda_is_the_documented_choice(dtype):
+@pytest.mark.parametrize('structured_first', [{'cuda': 'tiled_bias'}, {}], ids=['default', 'size rule'])
+def test_select_backend_on_cuda_is_the_documented_choice(dtype, structured_first, monkeypatch):
+    """``auto`` on CUDA: every structured bias through ``tiled_bias`` (the default ``STRUCTURED_BIAS_FIRST``, where
+    Triton is installed); beneath it the size rule, which a call ``tiled_bias`` cannot run takes."""
+    assert dispatch.STRUCTURED_BIAS_FIRST == {'cuda': 'tiled_bias'}, 'the measured default (docs/gpu.md)'
+    monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', structured_first)
     # flash_attn only where the package is installed (the optional extra), else bias-free SDPA
     # the R50 shape (3.2e8 score elements) is below CUDA_DENSE_BIAS_MAX_ELEMENTS: a window bias runs dense sdpa,
     # unless a half-precision segment bias needs its gradient (sdpa refuses it)
     half = dtype != torch.float32
     expected = {'none': 'flash_attn' if importlib.util.find_spec('flash_attn') else 'sdpa', 'global': 'segment',
                 'local': 'sdpa', 'both': 'segment' if half else 'sdpa'}
+    if structured_first and importlib.util.find_spec('triton') is not None:
+        expected.update({kind: 'tiled_bias' for kind in ('global', 'local', 'both')})
     with FakeTensorMode(allow_non_fake_inputs=True):
         for kind in KINDS:
             q, k, v, bias = _fake_problem(kind, dtype)
             name, _ = select_backend(q, bias, k=k, v=v)
             assert name == expected[kind], (kind, dtype, name)
+
+
+def test_a_call_tiled_bias_cannot_run_falls_back_to_the_size_rule_and_says_why():
+    """Dropout on the attention probabilities (``tiled_bias`` has none): the local bias at the R50 shape takes the
+    size rule's dense sdpa, and the reason names the skipped backend."""
+    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v, bias = _fake_problem('local', torch.float32)
+        assert select_backend(q, bias, k=k, v=v)[0] == 'tiled_bias'
+        name, reason = select_backend(q, bias, dropout_p=0.1, k=k, v=v)
+    assert name == 'sdpa' and 'skipped tiled_bias' in reason and 'dropout' in reason, reason
 
 
 def test_gathered_slot_dot_equals_the_sampled_cpu_product(cases):
@@ -188,7 +206,6 @@ def test_tiled_bias_traces_on_fake_cuda_forward_and_backward(monkeypatch):
     pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
     from types import SimpleNamespace
 
-    from projects.mmdet3d_plugin.attention import dispatch
     from projects.mmdet3d_plugin.attention.backends.tiled_bias.backend import TiledBiasBackend, TiledBiasFunction
     monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', {'cuda': 'tiled_bias'})
     with FakeTensorMode(allow_non_fake_inputs=True):

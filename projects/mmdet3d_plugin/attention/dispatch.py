@@ -16,19 +16,22 @@ Preference (fastest exact first):
   there; measured, see the constant);
 * structured bias on CPU, larger calls: ``segment`` (segment and window
   biases), then ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
-* structured bias on CUDA: a local (window) bias through dense ``sdpa`` while
-  ``bs * heads * Q * K`` is at most :data:`CUDA_DENSE_BIAS_MAX_ELEMENTS`
-  (measured on an H200), else ``segment``, ``flashbias``, ``sdpa``; the
-  global bias alone takes ``segment`` at every size (no crossover measured).
+* structured bias on CUDA: ``tiled_bias`` first (:data:`STRUCTURED_BIAS_FIRST`:
+  the bias computed inside the tiles of its Triton kernels, measured fastest
+  on an H200); where it cannot run a call (no Triton, dropout on the attention
+  probabilities, a head dim above 128, a dense or low-rank part) a local
+  (window) bias through dense ``sdpa`` while ``bs * heads * Q * K`` is at most
+  :data:`CUDA_DENSE_BIAS_MAX_ELEMENTS`, else ``segment``, ``flashbias``,
+  ``sdpa``; the global bias alone takes ``segment`` at every size.
 
 Every list holds only exact backends, so choosing by size never drops a bias
 or runs an inexact path; :func:`select_backend` says which backend ``auto``
 runs and why (the reason names the size, the threshold and its key).
 
-``tiled_bias`` (the bias computed inside the tiles of a Triton kernel) is
-exact but not yet timed on a GPU, so ``auto`` picks it only where
-:data:`STRUCTURED_BIAS_FIRST` names it for the device type (the benchmarks'
-``--prefer-backend`` does, for a measurement).
+``tiled_bias`` runs first only where :data:`STRUCTURED_BIAS_FIRST` names it
+for the device type: CUDA by default; on the CPU it needs Triton's
+interpreter, far slower than ``segment`` (the benchmarks' ``--prefer-backend``
+names any backend, for a measurement).
 
 ``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures
 learned bias tensors has unverified gradients (pytorch/pytorch#162228) and
@@ -94,9 +97,13 @@ CUDA_DENSE_BIAS_MAX_ELEMENTS = {
 #: device types with a size rule (:func:`size_rule`); elsewhere ``auto`` keeps ``segment`` first at every size
 SIZE_RULE_DEVICES = ('cpu', 'cuda')
 #: per device type, the backend ``auto`` tries first for every call with a structured bias (before the size rule's
-#: list; when it cannot run a call, the log line says why and the list runs). Empty by default;
-#: :func:`set_structured_bias_first` fills it (``tools/benchmark_*.py --prefer-backend``)
-STRUCTURED_BIAS_FIRST = {}
+#: list; when it cannot run a call, the log line says why and the list runs); :func:`set_structured_bias_first`
+#: changes it (``tools/benchmark_*.py --prefer-backend``). CUDA: ``tiled_bias``, measured on an NVIDIA H200 (torch
+#: 2.11, float32, 900 queries, docs/gpu.md "Fourth run"): fwd+bwd 0.43-0.65x bias-free SDPA for the global and the
+#: local bias at R50 and VoV, batch 1 and 2, where segment took 0.75-1.69x and dense sdpa 1.10-1.51x; forward
+#: alone 0.74-1.51x (dense sdpa 1.23-1.38x, segment 1.04-2.73x); every whole-model row faster than with the size
+#: rule's choices (e.g. VoV training step 0.886x CMT instead of 1.172x), its accuracy rows in ``check_gpu`` ok
+STRUCTURED_BIAS_FIRST = {'cuda': 'tiled_bias'}
 
 
 def set_structured_bias_first(device_type: str, backend: str) -> None:
