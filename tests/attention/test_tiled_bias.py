@@ -83,6 +83,25 @@ def test_refuses_what_it_cannot_apply(cases, monkeypatch):
         apply_attention(big, big, big, backend='tiled_bias')
 
 
+@pytest.mark.parametrize('capability,refused', [((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_a_gpu_older_than_ampere_is_refused_so_auto_falls_back(cases, monkeypatch, capability, refused):
+    """The kernels' tensor-core products (tf32x3, bfloat16) need compute capability 8.0: on an older GPU the backend
+    says so (and ``auto`` takes the size rule's backend). Asked of the (here pretended) GPU, not of fake CUDA."""
+    from projects.mmdet3d_plugin.attention.backends.tiled_bias import backend as tiled
+    from projects.mmdet3d_plugin.attention.dispatch import _make_call
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v = (t.to('cuda:0') for t in cases.make_qkv(requires_grad=False))
+        bias = cases.make_bias('segment+window')[0].to('cuda:0')
+        call = _make_call(q, k, v, bias, None, 0.0, None)
+        assert not any('compute capability' in r for r in tiled.TiledBiasBackend().not_supported_reasons(call)), \
+            'fake CUDA has no GPU to ask'
+        monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+        monkeypatch.setattr(tiled, '_compute_capability', lambda index: capability)
+        reasons = tiled.TiledBiasBackend().not_supported_reasons(call)
+    expected = 'compute capability 8.0 or later (tensor-core tf32x3 and bfloat16 products), got 7.5'
+    assert any(expected in reason for reason in reasons) == refused, reasons
+
+
 def test_auto_takes_it_only_where_structured_bias_first_names_it(cases, monkeypatch):
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     monkeypatch.setattr(dispatch, 'STRUCTURED_BIAS_FIRST', {})

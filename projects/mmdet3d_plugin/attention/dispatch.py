@@ -18,9 +18,10 @@ Preference (fastest exact first):
   biases), then ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
 * structured bias on CUDA: ``tiled_bias`` first (:data:`STRUCTURED_BIAS_FIRST`:
   the bias computed inside the tiles of its Triton kernels, measured fastest
-  on an H200); where it cannot run a call (no Triton, dropout on the attention
-  probabilities, a head dim above 128, a dense or low-rank part) a local
-  (window) bias through dense ``sdpa`` while ``bs * heads * Q * K`` is at most
+  on an H200); where it cannot run a call (no Triton, a GPU older than Ampere,
+  dropout on the attention probabilities, a head dim above 128, a dense or
+  low-rank part) a local (window) bias through dense ``sdpa`` while
+  ``bs * heads * Q * K`` is at most
   :data:`CUDA_DENSE_BIAS_MAX_ELEMENTS`, else ``segment``, ``flashbias``,
   ``sdpa``; the global bias alone takes ``segment`` at every size.
 

@@ -22,6 +22,7 @@ dropout. CUDA tensors, or CPU tensors under Triton's interpreter
 the device type (CUDA by default: measured on an H200, faster than
 ``segment`` and dense ``sdpa`` for both AQR biases, docs/gpu.md).
 """
+import functools
 from typing import List, Tuple
 
 import torch
@@ -38,6 +39,10 @@ from .tables import TileBiasTables, key_cells, window_centres
 MAX_HEAD_DIM = 128
 #: input dtypes of the kernels (accumulated in float32)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: oldest CUDA compute capability the kernels run on: their products use tensor cores in ``tf32x3`` (float32) and
+#: bfloat16, which need Ampere (8.0); measured on 9.0 (H200), compiled for 8.0 without a GPU
+#: (``tools/kernel_registers.py --arch 80``). On an older GPU ``auto`` falls back to the size rule's backends
+MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
 class TiledBiasFunction(torch.autograd.Function):
@@ -71,6 +76,12 @@ def _bias_tensors(tables: TileBiasTables, amplitude: Tensor, values: Tensor, hea
             values.expand(-1, heads, -1, -1), tables.padding)
 
 
+@functools.lru_cache(maxsize=None)
+def _compute_capability(index: int) -> Tuple[int, int]:
+    """``(major, minor)`` of CUDA device ``index``, asked once per device."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 class TiledBiasBackend(AttentionBackend):
     """Exact :class:`SegmentBias` and :class:`WindowBias` evaluated inside the tiles of a Triton attention kernel."""
 
@@ -82,6 +93,12 @@ class TiledBiasBackend(AttentionBackend):
             reasons.append(f'tiled_bias runs float32, float16 and bfloat16, got {call.q.dtype}')
         if call.head_dim > MAX_HEAD_DIM:
             reasons.append(f'tiled_bias runs head dims up to {MAX_HEAD_DIM}, got {call.head_dim}')
+        if call.device_type == 'cuda' and torch.cuda.is_available():  # fake CUDA (the tests) has no GPU to ask
+            index = call.q.device.index
+            capability = _compute_capability(torch.cuda.current_device() if index is None else index)
+            if capability < MIN_COMPUTE_CAPABILITY:
+                reasons.append('tiled_bias runs on GPUs of compute capability {}.{} or later (tensor-core tf32x3 and '
+                               'bfloat16 products), got {}.{}'.format(*MIN_COMPUTE_CAPABILITY, *capability))
         return reasons + triton_not_supported_reasons(call.device_type, 'the tiled_bias kernels')
 
     def forward(self, call: AttentionCall) -> Tensor:
