@@ -10,6 +10,13 @@ from .part import BiasPart, ScoreTerm, _check_tensor, _float_to, _to_int
 from .window_cells import window_stencil, window_token_index
 
 
+def has_window(grid: KeyGrid, centres: Tensor, valid: Tensor) -> Tensor:
+    """``[bs, Q]`` bool: the query gets a window on ``grid``: it is valid and its centre ``[bs, Q, 3]`` lies on one of
+    the grid's planes."""
+    plane = centres[..., 0]
+    return valid & (plane >= 0) & (plane < grid.planes)
+
+
 def cat_slots(pieces: Sequence[Tensor]) -> Tensor:
     """Per-window (or per-grid) slot tensors ``[..., L_i]`` side by side on the slot dim (no copy for one)."""
     return pieces[0] if len(pieces) == 1 else torch.cat(list(pieces), -1)
@@ -136,11 +143,10 @@ class WindowBias(BiasPart):
         indices, valids, decays = [], [], []
         for grid, centres, valid, window_size in zip(self.grids, self.centres, self.valid, self.window_size):
             offsets, decay = window_stencil(window_size, centres.device)
-            plane = centres[..., 0]
-            centre_valid = valid & (plane >= 0) & (plane < grid.planes)
-            # on a one-plane grid a valid centre is on plane 0: its plane adds nothing to the index
-            index, inside = window_token_index(centres[..., 1:], (grid.height, grid.width), offsets, centre_valid,
-                                               plane if grid.planes > 1 else None, first_token=grid.offset)
+            # on a one-plane grid a centre with a window is on plane 0: its plane adds nothing to the index
+            index, inside = window_token_index(centres[..., 1:], (grid.height, grid.width), offsets,
+                                               has_window(grid, centres, valid),
+                                               centres[..., 0] if grid.planes > 1 else None, first_token=grid.offset)
             indices.append(index)
             valids.append(inside)
             decays.append(decay * inside)

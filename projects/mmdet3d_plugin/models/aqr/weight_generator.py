@@ -227,7 +227,8 @@ class AQRWeightGenerator(BaseModule):
                                                   window_offsets(self.lidar_window, pers.device))
         cam_index, cam_valid = window_token_index(
             pers[..., 1:], camera_shape[1:], window_offsets(self.camera_window, pers.device),
-            center_valid=projection_info['visible'], plane=pers[..., 0].clamp(min=0), first_token=bev_shape[0] * bev_shape[1])
+            center_valid=projection_info['visible'], plane=pers[..., 0].clamp(min=0),
+            first_token=bev_shape[0] * bev_shape[1])
         return torch.cat([bev_index, cam_index], dim=-1), torch.cat([bev_valid, cam_valid], dim=-1)
 
     def forward(self,

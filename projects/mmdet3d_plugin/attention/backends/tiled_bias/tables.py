@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ....utils.host_data import device_constant, device_table
 from ...bias import KeyGrid, WindowBias
+from ...bias.window import has_window
 
 
 class TileBiasTables:
@@ -87,9 +88,8 @@ def window_centres(windows: Sequence[WindowBias]) -> Tuple[List[KeyGrid], Tensor
     grids, centres, inv_half = [], [], []
     for part in windows:
         for grid, centre, valid, window_size in zip(part.grids, part.centres, part.valid, part.window_size):
-            plane = centre[..., 0]
-            has_window = valid & (plane >= 0) & (plane < grid.planes)
-            centre = torch.cat([torch.where(has_window, plane, -1)[..., None], centre[..., 1:]], -1)
+            windowed = has_window(grid, centre, valid)
+            centre = torch.cat([torch.where(windowed, centre[..., 0], -1)[..., None], centre[..., 1:]], -1)
             grids.append(grid)
             centres.append(centre.to(torch.int32))
             inv_half.append(2.0 / window_size)
