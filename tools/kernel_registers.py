@@ -8,8 +8,12 @@ Examples::
     python tools/kernel_registers.py --arch 80 --sweep
 
 Prints a table: kernel, dtype, tile (queries x keys), warps, registers per
-thread, spill stores / loads and stack bytes (``ptxas -v``). No speed: that
-needs a GPU (``tools/benchmark_attention.py --device cuda --backends tiled_bias``).
+thread, spill stores / loads and stack bytes (``ptxas -v``), and the machine
+instructions of the kernel's loop over tiles (per warp; ``nvdisasm``) with
+what they make per score: loop x warps / (queries x keys), the issue slots a
+score takes on a busy GPU (warps that repeat each other's rows raise it). No
+speed: that needs a GPU (``tools/benchmark_attention.py --device cuda
+--backends tiled_bias``).
 """
 import argparse
 from typing import List, Optional, Sequence
@@ -20,7 +24,8 @@ from projects.mmdet3d_plugin.apis.kernel_registers import KERNEL_NAMES, TRITON_D
 from projects.mmdet3d_plugin.attention.backends.tiled_bias.launch import Launch, launch_of
 
 #: tile sizes and warps tried by ``--sweep`` besides the backend's own
-SWEEP = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4), (16, 64, 4), (64, 16, 4), (64, 64, 8), (128, 32, 8))
+SWEEP = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4), (32, 32, 2), (16, 64, 4), (64, 16, 4), (64, 64, 8),
+         (128, 32, 8))
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -40,17 +45,20 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     rows = []
     print(f'sm_{args.arch}, head dim {args.head_dim}, {args.grids} grids, {args.segments} segments\n')
     print('| kernel | dtype | queries x keys | warps | used by the backend | registers | spill stores / loads | '
-          'stack |\n|---|---|---|---:|---|---:|---:|---:|')
+          'stack | loop instructions per warp | per score |\n|---|---|---|---:|---|---:|---:|---:|---:|---:|')
     for kernel in args.kernels:
         for dtype in args.dtypes:
             own = launch_of(kernel, getattr(torch, dtype))
             launches = [own] + ([Launch(*c) for c in SWEEP if Launch(*c) != own] if args.sweep else [])
             for launch in launches:
                 report = compile_report(kernel, dtype, launch, args.head_dim, args.grids, args.segments, args.arch)
-                rows.append(dict(kernel=kernel, dtype=dtype, launch=launch._asdict(), **report._asdict()))
+                per_score = report.loop_instructions * launch.num_warps / (launch.block_q * launch.block_k)
+                rows.append(dict(kernel=kernel, dtype=dtype, launch=launch._asdict(), **report._asdict(),
+                                 instructions_per_score=per_score))
                 print(f'| {kernel} | {dtype} | {launch.block_q} x {launch.block_k} | {launch.num_warps} | '
                       f'{"yes" if launch == own else ""} | {report.registers} | {report.spill_store_bytes} / '
-                      f'{report.spill_load_bytes} B | {report.stack_bytes} B |', flush=True)
+                      f'{report.spill_load_bytes} B | {report.stack_bytes} B | {report.loop_instructions} | '
+                      f'{per_score:.2f} |', flush=True)
     return rows
 
 

@@ -7,8 +7,17 @@ triton wheel assembles the PTX with ``-v``, which prints the registers per
 thread and the bytes spilled to local memory. A kernel that spills reloads
 its tiles from memory in the inner loop; a launch that needs no spills is
 what :data:`~..attention.backends.tiled_bias.launch.LAUNCH` is chosen from
-on a machine without a GPU. Speed is not measured here: that needs a GPU
-(``tools/benchmark_attention.py --device cuda --backends tiled_bias``).
+on a machine without a GPU.
+
+It also counts the machine instructions of the kernel's key loop (``nvdisasm``
+of the assembled cubin, also in the wheel): the loop's instructions times the
+warps, per score of its ``BLOCK_Q x BLOCK_K`` tile, is what one score costs in
+issue slots when the GPU is busy. It shows what the registers cannot: with
+more warps than the tile has 16-row slices, Triton's attention layout gives
+each warp a whole 16-row slice, so warps repeat each other's work (the
+float32 forward at 32 x 32 with 4 warps issues 6.5 instructions per score,
+at 64 x 64 with 4 warps 2.7, on sm_90). Speed is not measured here: that
+needs a GPU (``tools/benchmark_attention.py --device cuda --backends tiled_bias``).
 """
 import os
 import re
@@ -26,12 +35,13 @@ INT32_POINTERS = ('keys_ptr', 'centres_ptr')
 
 
 class RegisterReport(NamedTuple):
-    """``ptxas -v`` of one kernel."""
+    """``ptxas -v`` of one kernel, and the instructions of its main loop (per warp, one iteration)."""
 
     registers: int
     spill_store_bytes: int
     spill_load_bytes: int
     stack_bytes: int
+    loop_instructions: int = 0
 
 
 def _signature(arg_names: List[str], dtype: str, constants: Dict[str, object]) -> Dict[str, str]:
@@ -66,6 +76,28 @@ def parse_ptxas(text: str) -> RegisterReport:
                           number(r'(\d+) bytes spill loads'), number(r'(\d+) bytes stack frame'))
 
 
+def loop_instructions(sass: str) -> int:
+    """The instructions (NOPs not counted) of the largest loop in ``nvdisasm`` output: the body from a label to
+    the last branch back to it, inclusive. 0 without a loop."""
+    labels: Dict[str, int] = {}
+    instructions: List[str] = []
+    for line in sass.splitlines():
+        label = re.match(r'^(\.L_x_\d+):', line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        instruction = re.match(r'\s*/\*[0-9a-f]+\*/\s+([^;]*);', line)
+        if instruction:
+            instructions.append(instruction.group(1))
+    largest = 0
+    for index, text in enumerate(instructions):
+        target = re.search(r'BRA\s+`\((\.L_x_\d+)\)', text)
+        if target and labels.get(target.group(1), index + 1) <= index:
+            body = instructions[labels[target.group(1)]:index + 1]
+            largest = max(largest, sum('NOP' not in op for op in body))
+    return largest
+
+
 def compile_report(kernel: str, dtype: str, launch, head_dim: int = 32, num_grids: int = 2, num_segments: int = 2,
                    arch: int = 90, num_stages: Optional[int] = None) -> RegisterReport:
     """Compile one ``tiled_bias`` kernel for ``sm_<arch>`` and return what ``ptxas -v`` reports.
@@ -96,14 +128,20 @@ def compile_report(kernel: str, dtype: str, launch, head_dim: int = 32, num_grid
     stages = kernels.NUM_STAGES if num_stages is None else num_stages
     compiled = triton.compile(source, target=GPUTarget('cuda', arch, 32),
                               options=dict(num_warps=launch.num_warps, num_stages=stages))
-    ptxas = os.path.join(os.path.dirname(nvidia.__file__), 'bin', 'ptxas')
+    tools = os.path.join(os.path.dirname(nvidia.__file__), 'bin')
     suffix = 'a' if arch >= 90 else ''
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, 'kernel.ptx')
         with open(path, 'w') as f:
             f.write(compiled.asm['ptx'])
-        result = subprocess.run([ptxas, '-v', f'--gpu-name=sm_{arch}{suffix}', path, '-o', os.devnull],
-                                capture_output=True, text=True)
+        result = subprocess.run([os.path.join(tools, 'ptxas'), '-v', f'--gpu-name=sm_{arch}{suffix}', path, '-o',
+                                 os.devnull], capture_output=True, text=True)
+        cubin = os.path.join(folder, 'kernel.cubin')
+        with open(cubin, 'wb') as f:
+            f.write(compiled.asm['cubin'])
+        sass = subprocess.run([os.path.join(tools, 'nvdisasm'), '-c', cubin], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f'ptxas failed on {kernel} ({dtype}, {launch}): {result.stderr[-2000:]}')
-    return parse_ptxas(result.stderr)
+    if sass.returncode != 0:
+        raise RuntimeError(f'nvdisasm failed on {kernel} ({dtype}, {launch}): {sass.stderr[-2000:]}')
+    return parse_ptxas(result.stderr)._replace(loop_instructions=loop_instructions(sass.stdout))

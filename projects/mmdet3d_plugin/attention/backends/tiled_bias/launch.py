@@ -22,15 +22,20 @@ class Launch(NamedTuple):
     num_warps: int
 
 
-#: per (kernel, input precision: ``'float32'`` or ``'half'``), the launch of every call. Chosen without a GPU:
-#: ``tools/kernel_registers.py`` (ptxas for sm_90, head dim 32, the AQR bias of 2 grids and 2 segments) reports no
-#: register spills for these, and small query blocks give the 900-query calls enough programs (``bs * heads *
-#: Q / block_q``: 225 at batch 1 for the forward) for the GPU's 132 multiprocessors; their speed is to be measured.
+#: per (kernel, input precision: ``'float32'`` or ``'half'``), the launch of every call, for sm_90 (H100 / H200) at
+#: head dim 32 with the AQR bias (2 grids, 2 segments). ``tools/kernel_registers.py --sweep`` (no GPU) reports the
+#: registers, spills and machine instructions a score costs (loop x warps / tile): no spills with Triton 3.7 (3.6.0,
+#: the H200's: 20 B in the float32 forward, 28 / 96 B in the float32 gradients). The forward takes 64-query
+#: blocks: with 32 and 4 warps Triton's attention layout gives each warp 16 whole rows, so two warps repeat the other
+#: two (float32, Triton 3.6.0: 7.5 instructions per score against 3.2 at 64 x 64), and on an H200 (R50, 900
+#: queries, local bias, float32, forward) 64 x 64 x 4 took 1.03x bias-free SDPA at batch 1 against 1.13x for
+#: 32 x 32 x 4 (docs/gpu.md). The gradient kernels keep the launches measured on the H200 (fwd+bwd
+#: 0.43-0.65x bias-free SDPA); 16-query blocks give the 900-query calls enough programs for 132 multiprocessors.
 LAUNCH = {
-    ('forward', 'float32'): Launch(32, 32, 4),
+    ('forward', 'float32'): Launch(64, 64, 4),
     ('key_grad', 'float32'): Launch(32, 64, 4),
     ('query_grad', 'float32'): Launch(16, 64, 4),
-    ('forward', 'half'): Launch(32, 64, 4),
+    ('forward', 'half'): Launch(64, 64, 4),
     ('key_grad', 'half'): Launch(32, 64, 4),
     ('query_grad', 'half'): Launch(16, 64, 4),
 }
