@@ -231,10 +231,16 @@ class _OpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize('formulation, products', [
+    ('gather', {'aten::gather', 'aten::scatter_add_'}),
+    ('triton', {'cmt_aqr::slot_dot', 'cmt_aqr::slot_weighted_sum', 'cmt_aqr::slot_scatter_add_'})])
 @pytest.mark.parametrize('dtype', [torch.float16, torch.float32])
-def test_gather_formulation_traces_on_fake_cuda_without_embedding_bag(dtype):
-    """At the R50 shape on fake CUDA: the segment forward and backward use the gather formulation, dispatch no
-    ``embedding_bag``, ``nonzero`` or sort, and copy no host data to the device."""
+def test_cuda_formulations_trace_on_fake_cuda_without_embedding_bag(monkeypatch, dtype, formulation, products):
+    """At the R50 shape on fake CUDA: the segment forward and backward use the formulation (``'triton'``, CUDA's
+    default, through its custom operators' fake implementations), dispatch no ``embedding_bag``, ``nonzero`` or
+    sort, and copy no host data to the device."""
+    pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
+    monkeypatch.setitem(window_slots.FORMULATIONS, 'cuda', formulation)
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v, bias = _fake_problem('both', dtype)
         with HostCopyCounter() as copies, _OpRecorder() as recorder:
@@ -242,10 +248,10 @@ def test_gather_formulation_traces_on_fake_cuda_without_embedding_bag(dtype):
         assert copies.copies == []
         assert not {op for op in recorder.ops if any(word in op for word in ('embedding_bag', 'nonzero', 'sort',
                                                                              'searchsorted', 'sparse'))}
-        assert {'aten::gather', 'aten::scatter_add_'} <= recorder.ops
+        assert products <= recorder.ops
         assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
         pattern = segment_module.SegmentBackend._plan(_make_call(q, k, v, bias, None, 0.0, None))[0].window
-        assert pattern.formulation == 'gather' and pattern.valid is not None
+        assert pattern.formulation == formulation and pattern.valid is not None
 
 
 def check_local_window_attention_formulations_agree(monkeypatch, formulation, attn_drop=0.0):

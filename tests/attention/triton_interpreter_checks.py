@@ -62,3 +62,21 @@ def test_local_window_attention_gives_the_same_result_with_the_triton_formulatio
 
 def test_segment_backend_gives_the_same_result_with_the_triton_formulation(cases, monkeypatch):
     check_segment_backend_formulations_agree(cases, monkeypatch, 'triton')
+
+
+def test_the_custom_operators_fake_implementations_match_the_kernels():
+    """``torch.library.opcheck``: the schemas hold (``slot_scatter_add_`` writes its target and nothing else) and the
+    fake implementations (what ``FakeTensorMode`` and ``torch.compile`` see) give the outputs' shapes, dtypes and
+    strides the kernels give: CUDA's default formulation traces on fake tensors (``tools/count_device_ops.py``)."""
+    from projects.mmdet3d_plugin.attention.backends.segment import slot_ops
+    bs, heads, num_queries, length, num_keys, dim = 2, 3, 5, 4, 11, 8
+    index = torch.randint(0, num_keys, (bs, num_queries, length))
+    valid = (torch.rand(bs, num_queries, length) > 0.3).to(torch.uint8)
+    a, x = torch.randn(bs, heads, num_queries, dim), torch.randn(bs, heads, num_keys, dim).half()
+    weights = torch.randn(bs, 1, num_queries, length).expand(-1, heads, -1, -1)
+    checks = ('test_schema', 'test_faketensor')
+    torch.library.opcheck(slot_ops.slot_dot, (index, a, x, 0.5), test_utils=checks)
+    for mask in (valid, None):
+        torch.library.opcheck(slot_ops.slot_weighted_sum, (index, mask, weights, x), test_utils=checks)
+        target = torch.zeros(bs, heads, num_keys, dim)
+        torch.library.opcheck(slot_ops.slot_scatter_add_, (index, mask, target, weights, a, 2.0), test_utils=checks)

@@ -17,9 +17,10 @@ run; :func:`failure_summary` names every failure:
    (``UnsupportedAttentionError``) is reported, not failed; ``auto`` itself
    must run every case. The local biases also run ``segment`` with the window
    slot formulations that are not the device's default
-   (:data:`EXTRA_SLOT_FORMULATIONS`: the fused Triton kernels on CUDA), and
-   every case runs the backends ``auto`` does not pick yet
-   (:data:`EXTRA_BACKENDS`: ``tiled_bias`` on CUDA).
+   (:data:`EXTRA_SLOT_FORMULATIONS`: ``'gather'``, the default of CUDA
+   without Triton and of other devices), and every case runs the backends
+   that are not among ``auto``'s candidates (:data:`EXTRA_BACKENDS`:
+   ``tiled_bias`` on CUDA, ``auto``'s first choice there).
 2. **alpha** (:func:`check_alpha_gradients`). ``AttentionBiasGenerator``
    (global and local bias) builds the bias from random AQR weights and
    projections; the gradient of its learned ``alpha`` through ``auto``
@@ -44,7 +45,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ..attention import AttentionBias, UnsupportedAttentionError, apply_attention
-from ..attention.backends.segment.window_slots import formulation_override
+from ..attention.backends.segment.window_slots import default_formulation, formulation_override
 from ..models.aqr import AttentionBiasGenerator
 from .attention_benchmark import BenchmarkOptions, run_attention_benchmark
 from .attention_benchmark_tables import benchmark_report
@@ -63,8 +64,8 @@ FLOOR_FACTOR = 2.0
 BIAS_KINDS = ('none', 'global', 'local', 'both')
 #: window slot formulations checked besides the device's default, as ``segment`` rows of the local biases
 #: (``attention/backends/segment/window_slots.py``; 'triton' where the triton package is installed)
-EXTRA_SLOT_FORMULATIONS = {'cuda': ('triton', ), 'cpu': ('gather', )}
-#: backends ``auto`` does not pick (yet) whose accuracy is checked too, per device type, where they can run
+EXTRA_SLOT_FORMULATIONS = {'cuda': ('gather', 'triton'), 'cpu': ('gather', )}
+#: backends checked besides :data:`AUTO_CANDIDATES`, per device type, where they can run
 EXTRA_BACKENDS = {'cuda': ('tiled_bias', )}
 
 
@@ -203,7 +204,8 @@ def _accuracy_rows(device: str, kind: str) -> List[Tuple[str, Optional[str]]]:
     rows = [(backend, None) for backend in AUTO_CANDIDATES[device_type] + EXTRA_BACKENDS.get(device_type, ())]
     if kind in ('local', 'both'):
         extra = [name for name in EXTRA_SLOT_FORMULATIONS.get(device_type, ())
-                 if name != 'triton' or importlib.util.find_spec('triton') is not None]
+                 if name != default_formulation(device_type)
+                 and (name != 'triton' or importlib.util.find_spec('triton') is not None)]
         rows += [('segment', name) for name in extra]
     return rows
 

@@ -29,7 +29,7 @@ Three formulations compute them (``formulation=``, default per device type in
   invalid slot points at key 0 (or a grid's first key) with weight 0, so one
   bag of the inverse pattern holds tens of thousands of entries and is
   reduced serially, and bags of ``d = 32`` give a GPU little parallelism.
-* ``'gather'`` (every other device's): no ``embedding_bag`` and no copy of a
+* ``'gather'`` (every other device's, and CUDA's without Triton): no ``embedding_bag`` and no copy of a
   key table. ``dot`` and ``weighted_sum`` gather the slots' rows of ``x``
   straight from its ``[bs, heads, K, d]`` view (any strides, in ``x``'s own
   dtype, converted to float32 after the gather) in chunks of queries
@@ -45,13 +45,17 @@ Three formulations compute them (``formulation=``, default per device type in
   shapes are functions of ``(bs, heads, Q, L, K, d)``: no host
   synchronisation, no data-dependent shape.
 
-* ``'triton'`` (chosen only when asked for: ``formulation='triton'`` or
-  ``FORMULATIONS['cuda'] = 'triton'``; not yet timed on a GPU): the fused
-  kernels of :mod:`.slot_kernels`, which load the slots' rows by index inside
-  one program per block of queries and reduce them in registers, so no
-  gathered block is written at all; ``scatter_add_`` skips dead slots with a
-  mask instead of routing them. CUDA tensors, or CPU tensors under Triton's
-  interpreter (``TRITON_INTERPRET=1``, how the CPU tests run them).
+* ``'triton'`` (CUDA's where the triton package is installed): the fused
+  kernels of :mod:`.slot_kernels` (through the custom operators of
+  :mod:`.slot_ops`, which trace on fake tensors), which load the slots' rows
+  by index inside one program per block of queries and reduce them in
+  registers, so no gathered block is written at all; ``scatter_add_`` skips
+  dead slots with a mask instead of routing them. CUDA tensors, or CPU
+  tensors under Triton's interpreter (``TRITON_INTERPRET=1``, how the CPU
+  tests run them). On an H200 (R50, batch 1, the AQR router's window
+  attention) 3.2 ms against ``'gather'``'s 3.8 ms per step, whole-model
+  inference 1.031x CMT against 1.052x, training 0.935x against 1.077x
+  (docs/gpu.md).
 
 The formulations compute the same sums up to float32 rounding (tested
 against each other, and the whole ``segment`` backend with the ``'gather'``
@@ -67,11 +71,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..triton_device import triton_not_supported_reasons
+from . import slot_ops
 
-#: formulation of the products per device type; a device type not listed takes ``'gather'``. Tests force
-#: ``'gather'`` / ``'triton'`` on the CPU through it, and a GPU benchmark can set ``'cuda': 'sparse'`` for the old
-#: products or ``'cuda': 'triton'`` for the fused kernels (``tools/benchmark_attention.py --slot-formulation``)
-FORMULATIONS = {'cpu': 'sparse'}
+#: formulation of the products per device type; a device type not listed takes ``'gather'``, and so does one
+#: listed with ``'triton'`` where Triton cannot run. Tests force ``'gather'`` / ``'triton'`` on the CPU through it,
+#: and a GPU benchmark can set ``'cuda': 'gather'`` or ``'sparse'`` for the other products
+#: (``tools/benchmark_attention.py --slot-formulation``)
+FORMULATIONS = {'cpu': 'sparse', 'cuda': 'triton'}
 #: the formulations :class:`SlotPattern` knows
 FORMULATION_NAMES = ('sparse', 'gather', 'triton')
 #: most elements of one gathered ``[bs, heads, chunk * L, d]`` float32 block of the ``'gather'`` formulation
@@ -103,8 +109,13 @@ def formulation_override(device: torch.device, formulation: str) -> Iterator[Non
 
 
 def default_formulation(device: torch.device) -> str:
-    """The formulation :class:`SlotPattern` uses on ``device`` unless told (:data:`FORMULATIONS`)."""
-    return FORMULATIONS.get(torch.device(device).type, 'gather')
+    """The formulation :class:`SlotPattern` uses on ``device`` unless told (:data:`FORMULATIONS`; ``'gather'``
+    instead of a ``'triton'`` entry where Triton cannot run, e.g. a CUDA machine without the triton package)."""
+    device_type = torch.device(device).type
+    formulation = FORMULATIONS.get(device_type, 'gather')
+    if formulation == 'triton' and triton_not_supported_reasons(device_type, 'the slot kernels'):
+        return 'gather'
+    return formulation
 
 
 class SlotPattern:
@@ -186,7 +197,7 @@ class SlotPattern:
         slots get ``a . x[index]`` like any other: callers mask them.
         """
         if self.formulation == 'triton':
-            return _slot_kernels().slot_dot(self.index, a, x, scale)
+            return slot_ops.slot_dot(self.index, a, x, scale)
         a = a.float() * scale if scale != 1.0 else a.float()
         if self._csr is None:
             return self.gathered_dot(a, x)
@@ -217,7 +228,7 @@ class SlotPattern:
         """``sum_j weights[..., q, j] x[..., index[q, j], :]`` -> ``[bs, heads, Q, d]``."""
         bs, heads, num_queries, length = weights.shape
         if self.formulation == 'triton':
-            return _slot_kernels().slot_weighted_sum(self.index, self._valid_bytes, weights, x)
+            return slot_ops.slot_weighted_sum(self.index, self._valid_bytes, weights, x)
         if self.formulation == 'gather':
             weights = self._live_weights(weights.float())
             return _cat_queries([
@@ -237,7 +248,7 @@ class SlotPattern:
             alpha (float): multiplier.
         """
         if self.formulation == 'triton':
-            _slot_kernels().slot_scatter_add_(self.index, self._valid_bytes, target, weights, a, alpha)
+            slot_ops.slot_scatter_add_(self.index, self._valid_bytes, target, weights, a, alpha)
             return
         if self.formulation == 'gather':
             self._gathered_scatter_add_(target, weights, a, alpha)
@@ -302,16 +313,6 @@ class SlotPattern:
             index = self.routed_index(chunk, start, end).flatten(2)[..., None].expand(-1, -1, -1, dim)
             contributions = (chunk[..., None] * a[:, :, start:end, None]).flatten(2, 3)
             target.scatter_add_(2, index, contributions)
-
-
-def _slot_kernels():
-    """:mod:`.slot_kernels`, imported on first use (it imports Triton, a CUDA extra)."""
-    try:
-        from . import slot_kernels
-    except ImportError as error:
-        raise ImportError(f"the 'triton' slot products need the triton package (installed with CUDA builds of "
-                          f'torch): {error}') from error
-    return slot_kernels
 
 
 def key_major_rows(x: Tensor) -> Tensor:
