@@ -74,8 +74,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--seed', type=int, default=DEFAULTS.seed)
     parser.add_argument('--slot-formulation', choices=FORMULATION_NAMES,
                         help="the window slot products of the local bias and the router's window attention on "
-                             "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
-                             'kernels, CUDA only)')
+                             "--device (default: 'sparse' on the CPU, 'triton' on CUDA (the fused kernels; "
+                             "'gather' without the triton package), 'gather' elsewhere)")
     add_tiled_bias_launch_argument(parser)
     parser.add_argument('--out', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)

@@ -69,10 +69,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help=f'small inputs and grids for a smoke run ({TINY}); explicit options win')
     parser.add_argument('--memory', choices=('auto', 'none'), default=DEFAULTS.memory,
                         help='peak memory: auto (CUDA allocator stats, or a separate CPU process) or none')
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help='on the CPU, have glibc keep freed memory in the timing process: no page faults of '
+                             'memory returned between steps, which otherwise move parts with the same code in both '
+                             'models by hundreds of ms (docs/performance.md); both models run faster, so the ratio '
+                             'is of another base')
     parser.add_argument('--slot-formulation', choices=FORMULATION_NAMES,
                         help="the window slot products of the local bias and the router's window attention on "
-                             "--device (default: 'sparse' on the CPU, 'gather' elsewhere; 'triton': the fused "
-                             'kernels, CUDA only)')
+                             "--device (default: 'sparse' on the CPU, 'triton' on CUDA (the fused kernels; "
+                             "'gather' without the triton package), 'gather' elsewhere)")
     parser.add_argument('--prefer-backend', choices=sorted(BACKENDS),
                         help="the attention backend 'auto' tries first for the AQR biases on --device (e.g. "
                              "tiled_bias: the bias inside the kernel's tiles, CUDA only); calls it cannot run fall "

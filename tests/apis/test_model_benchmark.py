@@ -86,3 +86,19 @@ def test_cfg_options_reach_both_models_and_the_table():
                   peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}])
     assert '| custom | train (model.img_backbone.frozen_stages=1; model.img_backbone.norm_eval=True) |' in (
         markdown_tables([result]))
+
+
+def test_freed_memory_is_kept_only_when_asked_and_only_on_the_cpu(monkeypatch):
+    """``--keep-freed-memory`` changes the timing process's allocator on the CPU; by default (and on CUDA) the host
+    allocator is left as it comes, so the ratios stay comparable with the earlier measurements."""
+    from projects.mmdet3d_plugin.apis import model_benchmark
+    calls = []
+    monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: calls.append(True) or True)
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions()) == 'host malloc as it comes' and not calls
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True, device='cuda')) == \
+        'host malloc as it comes' and not calls
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True)) == \
+        'freed host memory kept (glibc mallopt)' and calls == [True]
+    monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: False)
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True)) == \
+        'host malloc as it comes (not glibc)'

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from projects.mmdet3d_plugin.apis import model_benchmark
 from projects.mmdet3d_plugin.apis.model_benchmark import TOTAL_ROW, TRAIN_ROWS, ModelBenchmarkOptions, load_config
 from tools import benchmark_model
 
@@ -26,12 +27,16 @@ def _table_label(row: str) -> str:
 
 
 @pytest.mark.slow(seconds=25)
-def test_tiny_benchmark_has_every_row(tmp_path, capsys):
+def test_tiny_benchmark_has_every_row(tmp_path, capsys, monkeypatch):
+    kept = []  # the allocator setting is asked for, not made: it would stay with this test process
+    monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: kept.append(True) or True)
     out = tmp_path / 'bench.json'
     report = benchmark_model.main(['--configs', *DEMO_PAIR, '--tiny', '--pairs', str(PAIRS), '--warmup', '0',
-                                   '--out', str(out)])
+                                   '--keep-freed-memory', '--out', str(out)])
     text = capsys.readouterr().out
     assert json.loads(out.read_text())['results'] == json.loads(json.dumps(report['results']))
+    assert kept and report['allocator'] == 'freed host memory kept (glibc mallopt)'
+    assert report['allocator'] in text.splitlines()[0]
     num_layers = load_config(DEMO_PAIR[0], ModelBenchmarkOptions(tiny=True).resolved()) \
         .model.pts_bbox_head.transformer.decoder.num_layers
     attention_rows = tuple(f'    decoder layer {i} {kind}' for i in range(num_layers)

@@ -50,6 +50,7 @@ import torch
 from mmcv import Config
 from torch import nn
 
+from ..utils.cpu_allocator import keep_freed_memory
 from .optimizer_step import OptimizerStep
 from .part_timer import PartTimer, instrument
 from .process_memory import memory_in_subprocess, peak_rss_mib
@@ -95,6 +96,10 @@ class ModelBenchmarkOptions:
         cfg_options (dict): settings overridden in both configs.
         tiny (bool): :data:`TINY` for every option not given.
         memory (str): ``auto`` (CUDA allocator stats, or a separate CPU process) or ``none``.
+        keep_freed_memory (bool): on the CPU, glibc keeps freed memory for reuse in the timing process
+            (:func:`~..utils.cpu_allocator.keep_freed_memory`): no page faults of memory returned between steps,
+            which move parts whose code is the same in both models by hundreds of milliseconds (peak memory is
+            still measured with the allocator as it comes).
     """
 
     shapes: List[str] = field(default_factory=lambda: sorted(SHAPES))
@@ -115,6 +120,7 @@ class ModelBenchmarkOptions:
     cfg_options: dict = field(default_factory=dict)
     tiny: bool = False
     memory: str = 'auto'
+    keep_freed_memory: bool = False
 
     def resolved(self) -> 'ModelBenchmarkOptions':
         """A copy with the options not given taken from :data:`TINY` (``tiny``) or :data:`FULL`."""
@@ -377,6 +383,13 @@ def _set_up(options: ModelBenchmarkOptions) -> None:
     logging.getLogger('mmcv').setLevel(logging.WARNING)  # init_weights lists every parameter at INFO
 
 
+def _host_allocator(options: ModelBenchmarkOptions) -> str:
+    """How the timing process allocates host memory, set up as ``options`` ask."""
+    if not options.keep_freed_memory or options.device.startswith('cuda'):
+        return 'host malloc as it comes'
+    return 'freed host memory kept (glibc mallopt)' if keep_freed_memory() else 'host malloc as it comes (not glibc)'
+
+
 def measure_memory(job: dict) -> Dict[str, List[float]]:
     """Mode -> [peak MiB of A, of B] of one run beyond the models and inputs (CPU; see the module doc).
 
@@ -409,9 +422,11 @@ def run_model_benchmark(options: ModelBenchmarkOptions) -> dict:
     """
     options = options.resolved()
     _set_up(options)
+    allocator = _host_allocator(options)
     device_name = torch.cuda.get_device_name() if options.device.startswith('cuda') else 'cpu'
     print(f'# benchmark_model: torch {torch.__version__}, device {device_name}, {torch.get_num_threads()} threads, '
-          f'{options.pairs} pairs after {options.warmup} warm-up runs each, modes {options.modes}', flush=True)
+          f'{options.pairs} pairs after {options.warmup} warm-up runs each, modes {options.modes}, {allocator}',
+          flush=True)
     results = []
     for shape, paths in shape_configs(options).items():
         shape_results = benchmark_shape(shape, paths, options)
@@ -421,5 +436,5 @@ def run_model_benchmark(options: ModelBenchmarkOptions) -> dict:
             for result in shape_results:
                 result['peak_mib'] = dict(zip('AB', peaks[result['mode']]))
         results += shape_results
-    return dict(torch=torch.__version__, device=device_name, threads=torch.get_num_threads(),
+    return dict(torch=torch.__version__, device=device_name, threads=torch.get_num_threads(), allocator=allocator,
                 settings=dataclasses.asdict(options), results=results)
