@@ -22,6 +22,17 @@ class _FakeMallopt:
         return self.answer
 
 
+class _OlderMallopt(_FakeMallopt):
+    """An older glibc's ``mallopt``: an mmap threshold above 32 MiB is refused."""
+
+    def __init__(self):
+        super().__init__(1)
+
+    def __call__(self, param, value):
+        self.calls.append((param, value))
+        return int(param != -3 or value <= 32 * 1024**2)
+
+
 class _FakeLibc:
     def __init__(self, answer: int):
         self.mallopt = _FakeMallopt(answer)
@@ -31,9 +42,18 @@ def test_the_settings_are_made_and_a_refusal_is_reported(monkeypatch):
     libc = _FakeLibc(1)
     monkeypatch.setattr(cpu_allocator, '_glibc', lambda: libc)
     assert cpu_allocator.keep_freed_memory()
-    assert libc.mallopt.calls == [(-3, 32 * 1024 * 1024), (-2, 256 * 1024 * 1024), (-1, -1)]
+    assert libc.mallopt.calls == [(-3, 1024**3), (-2, 256 * 1024**2), (-1, -1)]
     monkeypatch.setattr(cpu_allocator, '_glibc', lambda: _FakeLibc(0))
     assert not cpu_allocator.keep_freed_memory()
+
+
+def test_an_older_glibc_gets_the_largest_threshold_it_accepts(monkeypatch):
+    """glibc before 2.35 refuses an mmap threshold above 32 MiB: the settings then take 32 MiB."""
+    libc = _FakeLibc(1)
+    libc.mallopt = _OlderMallopt()
+    monkeypatch.setattr(cpu_allocator, '_glibc', lambda: libc)
+    assert cpu_allocator.keep_freed_memory()
+    assert libc.mallopt.calls == [(-3, 1024**3), (-3, 32 * 1024**2), (-2, 256 * 1024**2), (-1, -1)]
 
 
 def test_another_platform_is_left_alone(monkeypatch):
@@ -45,7 +65,7 @@ def test_another_platform_is_left_alone(monkeypatch):
 FAULT_CHECK = """
 import ctypes, resource, sys
 from projects.mmdet3d_plugin.utils import cpu_allocator
-BLOCK = 16 * 1024 * 1024  # above glibc's default mmap threshold (128 KiB), below its largest (32 MiB)
+BLOCK = 64 * 1024 * 1024  # above glibc's default mmap threshold (128 KiB) and its dynamic maximum (32 MiB)
 libc = cpu_allocator._glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -72,9 +92,9 @@ def _faults(mode: str) -> int:
 
 
 def test_memory_freed_and_allocated_again_is_not_faulted_in_again():
-    """After keep_freed_memory a 16 MiB block freed and allocated again reuses its pages; with glibc's defaults every
-    page of a block freed and allocated anew faults in again (4 096 of them)."""
+    """After keep_freed_memory a 64 MiB block freed and allocated again reuses its pages; with glibc's defaults every
+    page of a block freed and allocated anew faults in again (16 384 of them)."""
     if cpu_allocator._glibc() is None:
         pytest.skip('the C library is not glibc')
-    pages = 16 * 1024 * 1024 // resource.getpagesize()
+    pages = 64 * 1024 * 1024 // resource.getpagesize()
     assert _faults('kept') < pages // 10

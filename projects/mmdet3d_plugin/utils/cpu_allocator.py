@@ -9,12 +9,12 @@ faults per R50 step), and how many depends on how the previous step left the
 heap: on two CPU cores the same CMT-AQR / CMT step ratio measured anywhere
 from 1.07 to 1.19, with parts whose code is identical in both models (the
 image backbone) differing by 200 ms. :func:`keep_freed_memory` serves blocks
-up to 32 MiB (glibc's largest threshold) from the heap and never trims it,
-so a step reuses the memory of the step before: what the jemalloc or
+up to 1 GiB from the heap and never trims it, so a step reuses the memory of
+the step before: what the jemalloc or
 tcmalloc that PyTorch's CPU tuning guide recommends also do. The process
 keeps its peak resident memory instead of returning memory between steps.
 The same settings from the environment, for any command (how they were measured, docs/performance.md):
-``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=268435456 MALLOC_TRIM_THRESHOLD_=68719476736``.
+``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 MALLOC_TRIM_THRESHOLD_=68719476736``.
 """
 import ctypes
 import ctypes.util
@@ -24,11 +24,14 @@ import sys
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
-#: glibc's largest mmap threshold on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``)
-MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
-#: the settings :func:`keep_freed_memory` makes: blocks up to 32 MiB from the heap, the heap grown 256 MiB at a time,
-#: and never trimmed (a trim threshold of -1: "disables trimming completely", mallopt(3))
-SETTINGS = ((M_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD), (M_TOP_PAD, 256 * 1024 * 1024), (M_TRIM_THRESHOLD, -1))
+#: blocks up to this size come from the heap: 1 GiB, every activation of the R50 / VoV steps (glibc 2.35 and later
+#: accept it; older ones refuse more than :data:`FALLBACK_MMAP_THRESHOLD`)
+MMAP_THRESHOLD = 1024**3
+#: the largest mmap threshold older glibc accept on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``)
+FALLBACK_MMAP_THRESHOLD = 32 * 1024**2
+#: the settings :func:`keep_freed_memory` makes besides the mmap threshold: the heap grown 256 MiB at a time and
+#: never trimmed (a trim threshold of -1 "disables trimming completely", mallopt(3))
+SETTINGS = ((M_TOP_PAD, 256 * 1024**2), (M_TRIM_THRESHOLD, -1))
 
 
 def _glibc():
@@ -43,15 +46,17 @@ def _glibc():
 
 
 def keep_freed_memory() -> bool:
-    """Have glibc keep freed host memory for reuse (:data:`SETTINGS`); from then on, for the whole process.
+    """Have glibc serve blocks up to :data:`MMAP_THRESHOLD` from its heap and keep freed host memory for reuse
+    (:data:`SETTINGS`); from then on, for the whole process.
 
     Returns:
-        bool: True where the settings were made; False where the C library is not glibc (macOS, musl) or refused
-        one, which changes nothing else.
+        bool: True where the settings were made (the threshold at least :data:`FALLBACK_MMAP_THRESHOLD`); False
+        where the C library is not glibc (macOS, musl) or refused a setting, which changes nothing else.
     """
     libc = _glibc()
     if libc is None:
         return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    return all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
+    threshold = any(libc.mallopt(M_MMAP_THRESHOLD, value) == 1 for value in (MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD))
+    return threshold and all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
