@@ -37,7 +37,6 @@ run; :func:`failure_summary` names every failure:
    and training step.
 """
 import contextlib
-import importlib.util
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -46,6 +45,7 @@ import torch
 
 from ..attention import AttentionBias, UnsupportedAttentionError, apply_attention
 from ..attention.backends.segment.window_slots import default_formulation, formulation_override
+from ..attention.backends.triton_device import triton_not_supported_reasons
 from ..models.aqr import AttentionBiasGenerator
 from .attention_benchmark import BenchmarkOptions, run_attention_benchmark
 from .attention_benchmark_tables import benchmark_report
@@ -205,7 +205,7 @@ def _accuracy_rows(device: str, kind: str) -> List[Tuple[str, Optional[str]]]:
     if kind in ('local', 'both'):
         extra = [name for name in EXTRA_SLOT_FORMULATIONS.get(device_type, ())
                  if name != default_formulation(device_type)
-                 and (name != 'triton' or importlib.util.find_spec('triton') is not None)]
+                 and (name != 'triton' or not triton_not_supported_reasons(device_type, 'the slot kernels'))]
         rows += [('segment', name) for name in extra]
     return rows
 
