@@ -48,7 +48,7 @@ def test_the_settings_are_made_and_a_refusal_is_reported(monkeypatch):
 
 
 def test_an_older_glibc_gets_the_largest_threshold_it_accepts(monkeypatch):
-    """glibc before 2.35 refuses an mmap threshold above 32 MiB: the settings then take 32 MiB."""
+    """A glibc that refuses an mmap threshold above 32 MiB (its largest in older releases) gets 32 MiB."""
     libc = _FakeLibc(1)
     libc.mallopt = _OlderMallopt()
     monkeypatch.setattr(cpu_allocator, '_glibc', lambda: libc)

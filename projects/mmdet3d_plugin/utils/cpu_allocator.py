@@ -10,11 +10,11 @@ heap: on two CPU cores the same CMT-AQR / CMT step ratio measured anywhere
 from 1.07 to 1.19, with parts whose code is identical in both models (the
 image backbone) differing by 200 ms. :func:`keep_freed_memory` serves blocks
 up to 1 GiB from the heap and never trims it, so a step reuses the memory of
-the step before: what the jemalloc or
-tcmalloc that PyTorch's CPU tuning guide recommends also do. The process
-keeps its peak resident memory instead of returning memory between steps.
-The same settings from the environment, for any command (how they were measured, docs/performance.md):
-``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 MALLOC_TRIM_THRESHOLD_=68719476736``.
+the step before: what the jemalloc or tcmalloc that PyTorch's CPU tuning
+guide recommends also do. The process keeps its peak resident memory instead
+of returning memory between steps. The same settings from the environment,
+for any command: ``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456
+MALLOC_TRIM_THRESHOLD_=68719476736`` (docs/performance.md).
 """
 import ctypes
 import ctypes.util
@@ -24,8 +24,8 @@ import sys
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
-#: blocks up to this size come from the heap: 1 GiB, every activation of the R50 / VoV steps (glibc 2.35 and later
-#: accept it; older ones refuse more than :data:`FALLBACK_MMAP_THRESHOLD`)
+#: blocks up to this size come from the heap: 1 GiB, every activation of the R50 / VoV steps (glibc 2.36 accepts
+#: it, measured; a glibc that refuses it gets :data:`FALLBACK_MMAP_THRESHOLD`)
 MMAP_THRESHOLD = 1024**3
 #: the largest mmap threshold older glibc accept on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``)
 FALLBACK_MMAP_THRESHOLD = 32 * 1024**2
