@@ -19,6 +19,8 @@
 #      mode spconv's CUDA build matching torch's CUDA instead of `spconv`
 #      (the choices: projects/mmdet3d_plugin/utils/cuda_build.py)
 #   6. this project in editable mode, then an import check
+#   7. the project's C++ slot kernel for the CPU (~1 minute the first time), cached in
+#      $CMT_AQR_HOME/extensions
 #
 # It is idempotent: a stamp file records a hash of the files that define the
 # environment; when nothing changed, a second run only re-links the project
@@ -87,6 +89,11 @@ install_project() {
     STEP="import check"
     (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
 from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")
+    STEP="build the C++ slot kernel"
+    # the CPU's window slot dot products (attention/backends/segment/cpu_slot_dot.py): compiled once (~1 minute),
+    # then only checked against its source's hash (seconds)
+    (cd "$REPO_ROOT" && "$PY" -c "from projects.mmdet3d_plugin.attention.backends.segment.cpu_slot_dot import main; \
+main()")
 }
 
 if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP" ]]; then

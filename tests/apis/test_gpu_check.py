@@ -45,15 +45,19 @@ def test_failure_summary_names_every_failure():
 
 
 def test_accuracy_table_runs_the_other_window_slot_formulations_on_the_local_biases(capsys, slot_formulations_used):
-    """On the CPU the local biases get a ``segment`` row with the 'gather' products (CUDA, whose default is the
-    Triton kernels: 'gather' too), which really run through them, and the default formulation is restored
-    afterwards."""
+    """On the CPU the local biases get ``segment`` rows with the 'sparse' and 'gather' products (CUDA, whose
+    default is the Triton kernels: 'gather' too), which really run through them, and the default formulation is
+    restored afterwards."""
     from projects.mmdet3d_plugin.attention.backends.segment import window_slots
+    default = window_slots.default_formulation(torch.device('cpu'))
     options = gpu_check.GpuCheckOptions(device='cpu', layouts=['quick'], queries=12, dtypes=['float32'])
     assert gpu_check.check_accuracy(options) == []
-    rows = [line for line in capsys.readouterr().out.splitlines() if '(gather window slots)' in line]
-    assert [row.split(' | ')[2] for row in rows] == ['local', 'both'] and all('| ok |' in row for row in rows)
-    assert 'gather' in slot_formulations_used and window_slots.default_formulation(torch.device('cpu')) == 'sparse'
+    lines = capsys.readouterr().out.splitlines()
+    for formulation in ('sparse', 'gather'):
+        rows = [line for line in lines if f'({formulation} window slots)' in line]
+        assert [row.split(' | ')[2] for row in rows] == ['local', 'both'] and all('| ok |' in row for row in rows)
+    assert {'sparse', 'gather', default} <= set(slot_formulations_used)
+    assert window_slots.default_formulation(torch.device('cpu')) == default == 'cpp'
     assert [backend for backend, _ in gpu_check._accuracy_rows('cuda', 'local')][-1] == 'segment'
     assert gpu_check._accuracy_rows('cuda', 'local')[-1][1] == 'gather', 'the Triton kernels are the default row'
     assert all(formulation is None for _, formulation in gpu_check._accuracy_rows('cuda', 'global'))

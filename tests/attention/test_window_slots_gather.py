@@ -72,9 +72,9 @@ def check_products_against_sparse(cases, formulation, table_dtype, before_each=N
     heads, dim = 3, 5
     for name, index, valid, num_keys in _patterns(cases):
         bs, num_queries, length = index.shape
-        sparse = SlotPattern(index, num_keys, heads)
+        sparse = SlotPattern(index, num_keys, heads, formulation='sparse')
         other = SlotPattern(index, num_keys, heads, valid=valid, formulation=formulation)
-        assert (sparse.formulation, other.formulation) == ('sparse', formulation)
+        assert other.formulation == formulation
         if before_each is not None:
             before_each(other)
         a = torch.randn(bs, heads, num_queries, dim)
@@ -116,7 +116,7 @@ def check_invalid_slot_weights_ignored(cases, formulation):
     heads, dim = 2, 4
     for name, index, valid, num_keys in _patterns(cases):
         bs, num_queries, length = index.shape
-        sparse = SlotPattern(index, num_keys, heads)
+        sparse = SlotPattern(index, num_keys, heads, formulation='sparse')
         other = SlotPattern(index, num_keys, heads, valid=valid, formulation=formulation)
         a, x = torch.randn(bs, heads, num_queries, dim), torch.randn(bs, heads, num_keys, dim)
         weights = torch.randn(bs, heads, num_queries, length)

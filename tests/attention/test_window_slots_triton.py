@@ -46,7 +46,7 @@ def test_formulation_override_is_restored_and_names_are_checked():
         with formulation_override('cpu', 'gather'):
             assert default_formulation(torch.device('cpu')) == 'gather'
             raise RuntimeError('inside')
-    assert FORMULATIONS['cpu'] == 'sparse'
+    assert FORMULATIONS['cpu'] == 'cpp'
     with pytest.raises(ValueError, match='formulation must be one of'):
         with formulation_override('cpu', 'embedding_bag'):
             pass
@@ -64,4 +64,4 @@ def test_cuda_takes_the_triton_kernels_where_triton_is_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None if name == 'triton' else
                         find_spec(name, *args))
     assert default_formulation(torch.device('cuda')) == 'gather'
-    assert default_formulation(torch.device('cpu')) == 'sparse'
+    assert default_formulation(torch.device('cpu')) == 'cpp'

@@ -18,7 +18,8 @@ run; :func:`failure_summary` names every failure:
    must run every case. The local biases also run ``segment`` with the window
    slot formulations that are not the device's default
    (:data:`EXTRA_SLOT_FORMULATIONS`: ``'gather'``, the default of CUDA
-   without Triton and of other devices), and every case runs the backends
+   without Triton and of other devices; on the CPU also ``'sparse'``, its
+   default without the C++ kernel), and every case runs the backends
    that are not among ``auto``'s candidates (:data:`EXTRA_BACKENDS`:
    ``tiled_bias`` on CUDA, ``auto``'s first choice there).
 2. **alpha** (:func:`check_alpha_gradients`). ``AttentionBiasGenerator``
@@ -64,7 +65,7 @@ FLOOR_FACTOR = 2.0
 BIAS_KINDS = ('none', 'global', 'local', 'both')
 #: window slot formulations checked besides the device's default, as ``segment`` rows of the local biases
 #: (``attention/backends/segment/window_slots.py``; 'triton' where the triton package is installed)
-EXTRA_SLOT_FORMULATIONS = {'cuda': ('gather', 'triton'), 'cpu': ('gather', )}
+EXTRA_SLOT_FORMULATIONS = {'cuda': ('gather', 'triton'), 'cpu': ('sparse', 'gather')}
 #: backends checked besides :data:`AUTO_CANDIDATES`, per device type, where they can run
 EXTRA_BACKENDS = {'cuda': ('tiled_bias', )}
 
