@@ -1,14 +1,13 @@
 """The C++ kernel of the CPU's window slot dot products (``slot_dot_cpu.cpp``, the ``'cpp'`` formulation).
 
 ``torch.sparse.sampled_addmm``, the ``'sparse'`` formulation's dot product,
-reads each slot's key row without prefetching it: 34-41 ms for the 2.5 million
+reads each slot's key row without prefetching it: 31-37 ms for the 2.5 million
 slots of one R50 decoder layer on 2 cores of an AMD EPYC, where
 ``embedding_bag`` reads the same rows for the weighted sum in 12 ms. The C++
-kernel prefetches the rows and uses AVX2 where the processor has it
-(15 ms). It is compiled once, by ``tools/setup_env.sh``
-(:func:`main`),
-into ``$CMT_AQR_HOME/extensions`` (default ``~/.cache/cmt-aqr/extensions``),
-with torch's ``cpp_extension`` (a C++ compiler and ninja, which setup installs).
+kernel prefetches the rows and uses AVX2 where the processor has it (15 ms).
+It is compiled once, by ``tools/setup_env.sh`` (:func:`main`), into
+``$CMT_AQR_HOME/extensions`` (default ``~/.cache/cmt-aqr/extensions``), with
+torch's ``cpp_extension`` (a C++ compiler and ninja, which setup installs).
 Nothing compiles it at import or at run time: the first CPU slot product of
 a process imports the built library, after checking that it was built from
 this source. Where it was not built (an environment made without setup), or

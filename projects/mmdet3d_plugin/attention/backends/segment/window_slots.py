@@ -15,7 +15,7 @@ Four formulations compute them (``formulation=``, default per device type in
 * ``'cpp'`` (the CPU's where setup compiled the project's C++ kernel, see
   :mod:`.cpu_slot_dot`): ``dot`` is that kernel, which prefetches each slot's
   key row from the same :func:`key_major_rows` table and sums eight channels
-  per AVX2 instruction (15 ms against ``sampled_addmm``'s 34-41 ms for the
+  per AVX2 instruction (15 ms against ``sampled_addmm``'s 31-37 ms for the
   2.5 million slots of an R50 decoder layer on 2 cores of an AMD EPYC);
   ``weighted_sum`` and ``scatter_add_`` are the ``'sparse'`` ones below.
 
