@@ -85,6 +85,14 @@ def _loaded() -> Tuple[Optional[ModuleType], Tuple[str, ...]]:
     return module, ()
 
 
+def _kernel() -> ModuleType:
+    """The built kernel module; RuntimeError with the reasons where it cannot be used."""
+    module, reasons = _loaded()
+    if module is None:
+        raise RuntimeError('; '.join(reasons))
+    return module
+
+
 def not_available_reasons() -> List[str]:
     """Why the ``'cpp'`` formulation cannot run here (empty when it can)."""
     return list(_loaded()[1])
@@ -102,18 +110,12 @@ def slot_dot(a: Tensor, table: Tensor, columns: Tensor, scale: float) -> Tensor:
     Returns:
         Tensor: ``[R, L]`` float32.
     """
-    module, reasons = _loaded()
-    if module is None:
-        raise RuntimeError('; '.join(reasons))
-    return module.slot_dot(a.contiguous(), table, columns.contiguous(), float(scale))
+    return _kernel().slot_dot(a.contiguous(), table, columns.contiguous(), float(scale))
 
 
 def code_path(dim: int) -> str:
     """``'avx2'`` or ``'portable'``: the loop :func:`slot_dot` runs for ``dim`` channels on this processor."""
-    module, reasons = _loaded()
-    if module is None:
-        raise RuntimeError('; '.join(reasons))
-    return module.slot_dot_path(dim)
+    return _kernel().slot_dot_path(dim)
 
 
 def main() -> None:
