@@ -59,10 +59,11 @@ Four formulations compute them (``formulation=``, default per device type in
   registers, so no gathered block is written at all; ``scatter_add_`` skips
   dead slots with a mask instead of routing them. CUDA tensors, or CPU
   tensors under Triton's interpreter (``TRITON_INTERPRET=1``, how the CPU
-  tests run them). On an H200 (R50, batch 1, the AQR router's window
-  attention) 3.2 ms against ``'gather'``'s 3.8 ms per step, whole-model
-  inference 1.031x CMT against 1.052x, training 0.935x against 1.077x
-  (docs/gpu.md).
+  tests run them). On an H200 the AQR weight generator (the router's
+  window attention and the rest of the module) took 3.5-4.4 ms per step
+  against ``'gather'``'s 3.8-4.6 ms (R50 and VoV, batch 1), without
+  ``'gather'``'s copy of the windows (R50 inference peak 305 against 338 MiB;
+  docs/gpu.md, "Fifth run").
 
 The formulations compute the same sums up to float32 rounding (tested
 against each other, and the whole ``segment`` backend with the ``'gather'``
