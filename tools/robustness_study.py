@@ -18,7 +18,7 @@ objects, false positives per sample and the router's accuracy
 printed first; every step is skipped when its output exists, so a second run
 continues (``apis/robustness_study.py``). ``--quick`` runs the same steps on a
 tiny set for a few iterations and four corruptions (the test suite runs it;
-its numbers mean nothing) and writes its report into the work dir.
+its numbers mean nothing; its trainings run in one process) and writes its report into the work dir.
 """
 import argparse
 import os.path as osp
@@ -52,6 +52,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--lidar-drop', type=float, default=0.0, help='ModalMask3D: probability that a training '
                         'sample loses its points instead (default 0: make demo\'s recipe, whose frames without '
                         'points go to the camera pass; upstream CMT: 0.25)')
+    parser.add_argument('--processes', type=int, help="data-parallel processes of every training (default: each "
+                        "config's demo_processes on a machine without a GPU that has as many cores, else 1; "
+                        "--quick: 1, which trains its few samples faster than two processes)")
     parser.add_argument('--corruptions', nargs='+', help="default: tools/eval_robustness.py's list")
     parser.add_argument('--score-thr', dest='score_threshold', type=float, default=SCORE_THRESHOLD,
                         help='object metrics: lowest score of '
@@ -72,6 +75,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.scenes = args.scenes or (2 if quick else 150)
     args.stage1_epochs = args.stage1_epochs or (2 if quick else 12)
     args.stage2_epochs = args.stage2_epochs or (1 if quick else 4)
+    if args.processes is None and quick:
+        args.processes = 1
     args.corruptions = [CLEAN] + [spec for spec in args.corruptions or (QUICK_CORRUPTIONS if quick
                                                                          else DEFAULT_CORRUPTIONS) if spec != CLEAN]
     args.data_root = args.data_root or ('data/synthetic_study_quick' if quick else 'data/synthetic_study')
@@ -89,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, dict]:
     args = parse_args(argv)
     # the demo's generator with --scenes
     tools = DemoStudyTools(DemoDataset(args.data_root, args.scenes, samples=2, seed=0,
-                                       generator_version=GENERATOR_VERSION))
+                                       generator_version=GENERATOR_VERSION), args.processes)
     return RobustnessStudy(study_options(args), tools, REPO_ROOT).run()
 
 

@@ -1,10 +1,15 @@
-"""apis/demo_pipeline.py: the metrics table, how many processes train the demo, the command that starts them and
-the fine-tune on sensor failures."""
+"""apis/demo_pipeline.py: the metrics table, how many processes train the demo, the command that starts them,
+the fine-tune on sensor failures and which finished steps a second run skips."""
+import json
+import os
+
 import pytest
 
+from projects.mmdet3d_plugin.apis import demo_pipeline
 from projects.mmdet3d_plugin.apis.demo_pipeline import (METRIC_PREFIX, SENSOR_FAILURE_EPOCHS, SENSOR_FAILURE_LR_SCALE,
-                                                        demo_config, fine_tune_epochs, metrics_table,
-                                                        sensor_failure_config, train_command, training_processes)
+                                                        demo_config, fine_tune_epochs, latest_metrics, metrics_table,
+                                                        sensor_failure_config, train_command, trained_or_train,
+                                                        training_processes)
 from projects.mmdet3d_plugin.datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS
 
 
@@ -73,3 +78,29 @@ def test_only_cmt_aqr_fine_tunes_on_sensor_failures_by_default_and_a_negative_co
     assert fine_tune_epochs('cmt_aqr', 0) == 0 and fine_tune_epochs('cmt', 2) == 2
     with pytest.raises(SystemExit, match='--sensor-failure-epochs must be >= 0'):
         fine_tune_epochs('cmt_aqr', -1)
+
+
+def test_latest_metrics_are_of_the_newest_evaluation_and_not_older_than_the_checkpoint(tmp_path):
+    checkpoint = tmp_path / 'epoch_1.pth'
+    checkpoint.write_bytes(b'')
+    assert latest_metrics(str(tmp_path)) is None
+    for name, value in (('eval_20261128_100000.json', 0.1), ('eval_20261128_110000.json', 0.2)):
+        (tmp_path / name).write_text(json.dumps({'metrics': {'mAP': value}}))
+    os.utime(checkpoint, (1000, 1000))
+    assert latest_metrics(str(tmp_path)) == {'mAP': 0.2}
+    assert latest_metrics(str(tmp_path), newer_than=str(checkpoint)) == {'mAP': 0.2}
+    os.utime(checkpoint)  # the checkpoint written after the evaluation (a longer fine-tune): evaluate it again
+    os.utime(tmp_path / 'eval_20261128_110000.json', (1000, 1000))
+    assert latest_metrics(str(tmp_path), newer_than=str(checkpoint)) is None
+
+
+def test_a_training_whose_last_epoch_is_saved_is_not_started_again(tmp_path, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(demo_pipeline, 'REPO_ROOT', str(tmp_path))
+    monkeypatch.setattr(demo_pipeline, 'train', lambda *args: started.append(args))
+    (tmp_path / 'work').mkdir()
+    (tmp_path / 'work' / 'epoch_1.pth').write_bytes(b'')
+    trained_or_train('work/demo.py', 'work', 2, 0, [], 1, 2)  # epoch 1 of 2: resume
+    assert [args[1] for args in started] == ['work']
+    trained_or_train('work/demo.py', 'work', 1, 0, [], 1, 2)
+    assert len(started) == 1 and 'already trained: work/epoch_1.pth' in capsys.readouterr().out

@@ -11,9 +11,10 @@ from tools import demo
 def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     data_root, work_dir = tmp_path / 'data', tmp_path / 'work'
     argv = ['--model', 'cmt_aqr', '--data-root', str(data_root), '--work-dir', str(work_dir), '--scenes', '2',
-            '--samples', '2', '--epochs', '1', '--sensor-failure-epochs', '1']
+            '--samples', '2', '--epochs', '1', '--sensor-failure-epochs', '1', '--processes', '1']
     demo.main(argv)
     out = capsys.readouterr().out
+    assert out.count('$ tools/train.py ') == 2  # --processes 1 (two processes: tests/tools/test_dist_train*.py)
     assert '[demo 5/6] fine-tuning it on sensor failures for 1 epochs' in out and '[demo 6/6]' in out
     assert '| mAP |' in out and '| NDS |' in out
     assert (work_dir / 'latest.pth').exists() and (work_dir / 'demo_metrics.md').exists()
@@ -27,9 +28,13 @@ def test_demo_runs_every_step_and_reuses_its_outputs(tmp_path, capsys):
     assert 0.0 <= evaluation['metrics'][METRIC_PREFIX + 'NDS'] <= 1.0
     assert f'checkpoint:   {finetune / "latest.pth"}' in out  # the fine-tuned model is the one evaluated
 
-    demo.main(argv)  # the second run skips data generation and the untrained evaluation
+    evaluations = sorted((work_dir / 'trained').glob('eval_*.json'))
+    demo.main(argv)  # the second run skips every step: its outputs are there
     out = capsys.readouterr().out
     assert 'already in' in out and 'untrained model already evaluated' in out
+    assert out.count('already trained: ') == 2 and 'trained model already evaluated' in out and '$ ' not in out
+    assert sorted((work_dir / 'trained').glob('eval_*.json')) == evaluations
+    assert '| mAP |' in out
 
     # another dataset (seed) must not resume this work dir's checkpoints; nothing is regenerated or overwritten
     stamp = (data_root / '.demo_dataset.json').read_text()

@@ -24,6 +24,9 @@ def test_defaults_are_three_seeds_and_every_corruption_after_clean():
     assert (quick.seeds, quick.scenes, quick.stage2_epochs) == ([0], 2, 1)
     assert quick.corruptions == list(study.QUICK_CORRUPTIONS) and quick.out == 'work_dirs/study_quick/report'
     assert (options.image_drop, options.lidar_drop) == (0.0, 0.0)  # make demo's recipe
+    # trainings: the configs' data-parallel processes, one in a quick study (its few samples train faster so)
+    assert study.parse_args([]).processes is None and study.parse_args(['--quick']).processes == 1
+    assert study.parse_args(['--quick', '--processes', '2']).processes == 2
 
 
 def _weights(path):
@@ -37,6 +40,7 @@ def test_quick_study_trains_evaluates_and_reports_every_arm(tmp_path, capsys):
     summary = study.main(argv)
     out = capsys.readouterr().out
     assert '[study] plan: seeds 0 x 7 arms' in out
+    assert out.count('$ tools/train.py ') == 6 and 'torch.distributed.run' not in out  # --quick: one process each
     report = work / 'report'
     text = (report / 'study.md').read_text()
     corruptions = list(study.QUICK_CORRUPTIONS)

@@ -128,10 +128,24 @@ class DemoDataset:
         write_json(stamp, wanted)
 
 
-def latest_metrics(eval_dir: str) -> Optional[Dict[str, float]]:
-    """The metrics of the newest ``eval_*.json`` that tools/test.py wrote in ``eval_dir``, if any."""
+def latest_metrics(eval_dir: str, newer_than: Optional[str] = None) -> Optional[Dict[str, float]]:
+    """The metrics of the newest ``eval_*.json`` that tools/test.py wrote in ``eval_dir``, if any (with
+    ``newer_than``, a checkpoint: only if written after it)."""
     files = sorted(glob.glob(osp.join(eval_dir, 'eval_*.json')))
-    return read_json(files[-1])['metrics'] if files else None
+    if not files or (newer_than is not None and osp.getmtime(files[-1]) < osp.getmtime(newer_than)):
+        return None
+    return read_json(files[-1])['metrics']
+
+
+def trained_or_train(config: str, work_dir: str, epochs: int, seed: int, options: Sequence[str], processes: int,
+                     cores: int) -> None:
+    """:func:`train` unless ``work_dir`` holds the checkpoint of its last epoch (mmcv's ``CheckpointHook`` always
+    keeps the last one): a finished run is not started again to find it has nothing to do."""
+    last = osp.join(work_dir, f'epoch_{epochs}.pth')
+    if osp.exists(osp.join(REPO_ROOT, last)):
+        print(f'  already trained: {last}', flush=True)
+        return
+    train(config, work_dir, seed, options, processes, cores)
 
 
 def evaluate(config: str, checkpoint: str, eval_dir: str, cfg_options: List[str]) -> Dict[str, float]:
@@ -248,10 +262,17 @@ def run_fingerprint(cfg, dataset: DemoDataset) -> dict:
 
 
 class DemoStudyTools:
-    """The robustness study's ``StudyTools``: the demo's data generator, tool runner and work-dir claims."""
+    """The robustness study's ``StudyTools``: the demo's data generator, tool runner and work-dir claims.
 
-    def __init__(self, dataset: DemoDataset) -> None:
+    Args:
+        dataset (DemoDataset): the study's synthetic set.
+        processes (int, optional): data-parallel processes of every training (``--processes``); None: each
+            config's ``demo_processes`` where :func:`training_processes` allows it.
+    """
+
+    def __init__(self, dataset: DemoDataset, processes: Optional[int] = None) -> None:
         self.dataset = dataset
+        self.processes = processes
 
     def prepare_data(self) -> None:
         self.dataset.prepare(2)
@@ -262,8 +283,8 @@ class DemoStudyTools:
     def train(self, arguments: List[str], processes: int) -> None:
         import torch
         cores = usable_cores()
-        run_tool(*train_command(arguments, training_processes(None, processes, cores, torch.cuda.is_available()),
-                                cores))
+        run_tool(*train_command(arguments, training_processes(self.processes, processes, cores,
+                                                              torch.cuda.is_available()), cores))
 
     def claim_work_dir(self, work_dir: str, cfg, seed: int) -> None:
         claim_work_dir(work_dir, dict(run_fingerprint(cfg, self.dataset), seed=seed))
@@ -323,7 +344,8 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
     banner(4, total, f'training {CONFIGS[model]} (resumes from {work_dir}/latest.pth if a previous run stopped)'
            + (f' in {processes} processes of {cfg.data.samples_per_gpu} samples each' if processes > 1 else ''))
     train_start = time.time()
-    train(config, work_dir, dataset.seed, train_options, processes, cores)
+    trained_or_train(config, work_dir, cfg.runner.max_epochs if epochs is None else epochs, dataset.seed,
+                     train_options, processes, cores)
     checkpoint = osp.join(work_dir, 'latest.pth')
     if sensor_failure_epochs:
         finetune_dir = osp.join(work_dir, SENSOR_FAILURE_DIR)
@@ -336,13 +358,18 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
         claim_work_dir(finetune_dir, dict(run_fingerprint(finetune_cfg, dataset), stage1_options=train_options))
         config = osp.join(finetune_dir, osp.basename(CONFIGS[model]))
         finetune_cfg.dump(osp.join(REPO_ROOT, config))
-        train(config, finetune_dir, dataset.seed, cfg_options, processes, cores)
+        trained_or_train(config, finetune_dir, sensor_failure_epochs, dataset.seed, cfg_options, processes, cores)
         checkpoint = osp.join(finetune_dir, 'latest.pth')
     train_minutes = (time.time() - train_start) / 60
     log_dirs = [work_dir] + ([finetune_dir] if sensor_failure_epochs else [])
 
-    banner(total, total, 'evaluating the trained model with the nuScenes devkit')
-    trained = evaluate(config, checkpoint, osp.join(work_dir, 'trained'), cfg_options)
+    trained_dir = osp.join(work_dir, 'trained')
+    trained = latest_metrics(osp.join(REPO_ROOT, trained_dir), newer_than=osp.join(REPO_ROOT, checkpoint))
+    if trained is None:
+        banner(total, total, 'evaluating the trained model with the nuScenes devkit')
+        trained = evaluate(config, checkpoint, trained_dir, cfg_options)
+    else:
+        banner(total, total, f'trained model already evaluated ({trained_dir}, after {checkpoint} was written)')
 
     table = metrics_table({'untrained': untrained, f'trained {model}': trained}, cfg.get('class_names', ()))
     with open(osp.join(REPO_ROOT, work_dir, 'demo_metrics.md'), 'w') as f:
