@@ -23,6 +23,13 @@ def test_stencil_is_the_positive_decay_disc_of_the_square():
     square = window_offsets(15).tolist()
     assert [square.index(cell) for cell in offsets.tolist()] == sorted(square.index(cell) for cell in offsets.tolist())
     assert window_stencil(1)[0].tolist() == [[0, 0]] and window_stencil(1)[1].tolist() == [1.0]
+    assert (offsets.dtype, decay.dtype) == (torch.long, torch.float32)
+
+
+def test_offsets_and_stencil_are_cached_per_size():
+    """Made once per window size and device: a forward asks for them every time, and must not rebuild them."""
+    assert window_offsets(15) is window_offsets(15) and window_offsets(5) is not window_offsets(15)
+    assert all(a is b for a, b in zip(window_stencil(15), window_stencil(15)))
 
 
 def test_clamp_to_grid_clamps_each_axis_to_its_own_size():

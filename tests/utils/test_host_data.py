@@ -32,6 +32,16 @@ def test_a_table_is_made_once_per_name_and_device_and_every_time_when_fake():
     assert fakes[0] is not fakes[1] and fakes[0].device.type == 'cuda' and len(made) == 4
 
 
+def test_under_fake_tensor_mode_on_the_cpu_a_constant_is_fake_and_not_cached():
+    """The fake-mode check must see a ``FakeTensorMode`` on any device, not only a CUDA device without a GPU."""
+    values = [4.0, 5.0, 6.5]
+    with FakeTensorMode():
+        fake = device_constant(values, 'cpu', torch.float32)
+    assert type(fake).__name__ == 'FakeTensor'
+    real = device_constant(values, 'cpu', torch.float32)
+    assert type(real) is torch.Tensor and real.tolist() == values
+
+
 def test_a_constant_first_made_under_inference_mode_serves_training():
     """An inference tensor cannot be saved for backward: the cache must not hand one to a training step."""
     with torch.inference_mode():

@@ -38,8 +38,12 @@ _CONSTANTS_LOCK = threading.Lock()
 
 
 def _is_fake(device: torch.device) -> bool:
-    """Whether tensors made now are fake (``FakeTensorMode``): they must not be cached or pinned."""
-    return torch._guards.detect_fake_mode() is not None or (device.type == 'cuda' and not torch.cuda.is_available())
+    """Whether tensors made now are fake (``FakeTensorMode``, or a compiler tracing): they must not be cached or
+    pinned. Asks the dispatcher's fake-mode slot directly: ``torch._guards.detect_fake_mode()`` walks the mode stack
+    and costs more than the small constants it guards."""
+    return (torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+            or torch._guards.TracingContext.try_get() is not None
+            or (device.type == 'cuda' and not torch.cuda.is_available()))
 
 
 def host_to_device(data, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> Tensor:

@@ -9,13 +9,13 @@ each device once (:func:`~projects.mmdet3d_plugin.utils.host_data.device_constan
 so no shape depends on data and nothing waits for the device.
 """
 import functools
-import math
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ...utils.host_data import device_constant
+from ...utils.host_data import device_constant, device_table
 
 
 def check_window_size(window_size: int, name: str = 'window_size') -> int:
@@ -35,19 +35,22 @@ def window_offsets(window_size: int, device: Optional[torch.device] = None) -> T
     Returns:
         Tensor: ``[window_size ** 2, 2]`` long ``(dy, dx)`` in row-major order.
     """
-    radius = check_window_size(window_size) // 2
-    steps = range(-radius, radius + 1)
-    return device_constant([(dy, dx) for dy in steps for dx in steps], device, torch.long)
+    window_size = check_window_size(window_size)
+    return device_table(('window_offsets', window_size), lambda: _square_cells(window_size), device)
+
+
+def _square_cells(window_size: int) -> np.ndarray:
+    """``[window_size ** 2, 2]`` int64 ``(dy, dx)`` of a square window, row-major."""
+    steps = np.arange(-(window_size // 2), window_size // 2 + 1)
+    return np.stack(np.meshgrid(steps, steps, indexing='ij'), axis=-1).reshape(-1, 2)
 
 
 @functools.lru_cache(maxsize=32)
-def _stencil_cells(window_size: int) -> Tuple[Tuple[Tuple[int, int], ...], Tuple[float, ...]]:
-    """``(dy, dx)`` and ``decay`` of :func:`window_stencil` as Python numbers (computed once per size)."""
-    radius = check_window_size(window_size) // 2
-    cells = [((y, x), 1.0 - math.sqrt(y * y + x * x) / (window_size / 2.0))
-             for y in range(-radius, radius + 1) for x in range(-radius, radius + 1)]
-    offsets, decay = zip(*[cell for cell in cells if cell[1] > 0])
-    return offsets, decay
+def _stencil_cells(window_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(dy, dx)`` int64 ``[L, 2]`` and float32 ``decay`` ``[L]`` of :func:`window_stencil` (once per size)."""
+    cells = _square_cells(window_size)
+    decay = 1.0 - np.sqrt((cells.astype(np.float64) ** 2).sum(-1)) / (window_size / 2.0)
+    return cells[decay > 0], decay[decay > 0].astype(np.float32)
 
 
 def window_stencil(window_size: int, device: Optional[torch.device] = None) -> Tuple[Tensor, Tensor]:
@@ -62,8 +65,9 @@ def window_stencil(window_size: int, device: Optional[torch.device] = None) -> T
         ``decay`` ``[L]`` float32: the cells with ``|dy|, |dx| <= ws // 2`` and
         ``decay = 1 - sqrt(dy^2 + dx^2) / (ws / 2) > 0``, row-major.
     """
-    offsets, decay = _stencil_cells(window_size)
-    return device_constant(offsets, device, torch.long), device_constant(decay, device, torch.float32)
+    window_size = check_window_size(window_size)
+    return (device_table(('window_stencil_offsets', window_size), lambda: _stencil_cells(window_size)[0], device),
+            device_table(('window_stencil_decay', window_size), lambda: _stencil_cells(window_size)[1], device))
 
 
 def clamp_to_grid(cells: Tensor, grid_sizes: Sequence[int]) -> Tensor:
