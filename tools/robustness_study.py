@@ -10,7 +10,8 @@ bias fixed: routing off), the control (stage 1 trained further with the
 stage-2 corruptions, routing still off), a global gate (one weight pair per
 sample, MoME's label), CMT-AQR (per-query router with per-query routing
 targets; every stage-2 arm trains detector and router with the same
-corruptions) and the oracle (CMT-AQR with the input's truth as routing). Each evaluated clean and under every corruption of
+corruptions) and the oracle (CMT-AQR with the input's truth as routing).
+Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
 (``apis/study_metrics.py``); ``study.md`` / ``study.json`` / the chart
@@ -18,7 +19,8 @@ objects, false positives per sample and the router's accuracy
 printed first; every step is skipped when its output exists, so a second run
 continues (``apis/robustness_study.py``). ``--quick`` runs the same steps on a
 tiny set for a few iterations and four corruptions (the test suite runs it;
-its numbers mean nothing; its trainings run in one process) and writes its report into the work dir.
+its numbers mean nothing; its trainings run in one process) and writes its
+report into the work dir.
 """
 import argparse
 import os.path as osp
