@@ -8,7 +8,7 @@ import pytest
 from projects.mmdet3d_plugin.apis import demo_pipeline
 from projects.mmdet3d_plugin.apis.demo_pipeline import (METRIC_PREFIX, SENSOR_FAILURE_EPOCHS, SENSOR_FAILURE_LR_SCALE,
                                                         demo_config, fine_tune_epochs, latest_metrics, metrics_table,
-                                                        sensor_failure_config, train_command, trained_or_train,
+                                                        sensor_failure_config, train, train_command,
                                                         training_processes)
 from projects.mmdet3d_plugin.datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS
 
@@ -97,10 +97,11 @@ def test_latest_metrics_are_of_the_newest_evaluation_and_not_older_than_the_chec
 def test_a_training_whose_last_epoch_is_saved_is_not_started_again(tmp_path, monkeypatch, capsys):
     started = []
     monkeypatch.setattr(demo_pipeline, 'REPO_ROOT', str(tmp_path))
-    monkeypatch.setattr(demo_pipeline, 'train', lambda *args: started.append(args))
+    monkeypatch.setattr(demo_pipeline, 'run_tool', lambda command, env=None: started.append(command))
     (tmp_path / 'work').mkdir()
     (tmp_path / 'work' / 'epoch_1.pth').write_bytes(b'')
-    trained_or_train('work/demo.py', 'work', 2, 0, [], 1, 2)  # epoch 1 of 2: resume
-    assert [args[1] for args in started] == ['work']
-    trained_or_train('work/demo.py', 'work', 1, 0, [], 1, 2)
+    train('work/demo.py', 'work', 2, 0, [], 1, 2)  # epoch 1 of 2: resume
+    assert started == [['tools/train.py', 'work/demo.py', '--work-dir', 'work', '--auto-resume', '--no-validate',
+                        '--seed', '0']]
+    train('work/demo.py', 'work', 1, 0, [], 1, 2)
     assert len(started) == 1 and 'already trained: work/epoch_1.pth' in capsys.readouterr().out

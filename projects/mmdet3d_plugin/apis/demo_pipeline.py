@@ -137,17 +137,6 @@ def latest_metrics(eval_dir: str, newer_than: Optional[str] = None) -> Optional[
     return read_json(files[-1])['metrics']
 
 
-def trained_or_train(config: str, work_dir: str, epochs: int, seed: int, options: Sequence[str], processes: int,
-                     cores: int) -> None:
-    """:func:`train` unless ``work_dir`` holds the checkpoint of its last epoch (mmcv's ``CheckpointHook`` always
-    keeps the last one): a finished run is not started again to find it has nothing to do."""
-    last = osp.join(work_dir, f'epoch_{epochs}.pth')
-    if osp.exists(osp.join(REPO_ROOT, last)):
-        print(f'  already trained: {last}', flush=True)
-        return
-    train(config, work_dir, seed, options, processes, cores)
-
-
 def evaluate(config: str, checkpoint: str, eval_dir: str, cfg_options: List[str]) -> Dict[str, float]:
     """``tools/test.py --eval bbox`` of a checkpoint; the metrics it wrote."""
     run_tool(['tools/test.py', config, checkpoint, '--eval', 'bbox', '--work-dir', eval_dir]
@@ -290,9 +279,15 @@ class DemoStudyTools:
         claim_work_dir(work_dir, dict(run_fingerprint(cfg, self.dataset), seed=seed))
 
 
-def train(config: str, work_dir: str, seed: int, options: Sequence[str], processes: int, cores: int) -> None:
+def train(config: str, work_dir: str, epochs: int, seed: int, options: Sequence[str], processes: int,
+          cores: int) -> None:
     """``tools/train.py`` of ``config`` into ``work_dir``, resuming its latest checkpoint, in ``processes``
-    processes."""
+    processes; not started when ``work_dir`` holds the checkpoint of the last of its ``epochs`` (mmcv's
+    ``CheckpointHook`` always keeps the last one): a finished run has nothing to do."""
+    last = osp.join(work_dir, f'epoch_{epochs}.pth')
+    if osp.exists(osp.join(REPO_ROOT, last)):
+        print(f'  already trained: {last}', flush=True)
+        return
     arguments = [config, '--work-dir', work_dir, '--auto-resume', '--no-validate', '--seed', str(seed)]
     run_tool(*train_command(arguments + (['--cfg-options'] + list(options) if options else []), processes, cores))
 
@@ -344,8 +339,8 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
     banner(4, total, f'training {CONFIGS[model]} (resumes from {work_dir}/latest.pth if a previous run stopped)'
            + (f' in {processes} processes of {cfg.data.samples_per_gpu} samples each' if processes > 1 else ''))
     train_start = time.time()
-    trained_or_train(config, work_dir, cfg.runner.max_epochs if epochs is None else epochs, dataset.seed,
-                     train_options, processes, cores)
+    train(config, work_dir, cfg.runner.max_epochs if epochs is None else epochs, dataset.seed, train_options,
+          processes, cores)
     checkpoint = osp.join(work_dir, 'latest.pth')
     if sensor_failure_epochs:
         finetune_dir = osp.join(work_dir, SENSOR_FAILURE_DIR)
@@ -358,7 +353,7 @@ def run_demo(model: str, dataset: DemoDataset, work_dir: Optional[str] = None, e
         claim_work_dir(finetune_dir, dict(run_fingerprint(finetune_cfg, dataset), stage1_options=train_options))
         config = osp.join(finetune_dir, osp.basename(CONFIGS[model]))
         finetune_cfg.dump(osp.join(REPO_ROOT, config))
-        trained_or_train(config, finetune_dir, sensor_failure_epochs, dataset.seed, cfg_options, processes, cores)
+        train(config, finetune_dir, sensor_failure_epochs, dataset.seed, cfg_options, processes, cores)
         checkpoint = osp.join(finetune_dir, 'latest.pth')
     train_minutes = (time.time() - train_start) / 60
     log_dirs = [work_dir] + ([finetune_dir] if sensor_failure_epochs else [])

@@ -4,9 +4,11 @@ Pure functions shared by the AQR router's local window attention (the whole
 square window, :func:`window_offsets`) and the :class:`~.window.WindowBias`
 (the cells of the square with a positive linear decay, :func:`window_stencil`):
 both turn per-query centre cells into flattened key indices with
-:func:`window_token_index`. The cell lists are made on the host and copied to
-each device once (:func:`~projects.mmdet3d_plugin.utils.host_data.device_constant`),
-so no shape depends on data and nothing waits for the device.
+:func:`window_token_index`. The cell lists are made on the host once per
+window size and copied to each device once
+(:func:`~projects.mmdet3d_plugin.utils.host_data.device_table`, keyed by the
+size: a forward asks for them every time), so no shape depends on data and
+nothing waits for the device.
 """
 import functools
 from typing import Optional, Sequence, Tuple
