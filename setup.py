@@ -14,8 +14,8 @@ setup(
     version='0.1.0',
     description='CMT (Cross Modal Transformer) with Adaptive Query Routing for mmdetection3d 1.x',
     packages=find_packages(include=['projects', 'projects.*']),
-    # the CPU slot kernel's source, compiled by tools/setup_env.sh (attention/backends/segment/cpu_slot_dot.py)
-    package_data={'projects.mmdet3d_plugin.attention.backends.segment': ['*.cpp']},
+    # the CPU slot kernel's source, compiled by tools/setup_env.sh (attention/slots/cpu_slot_dot.py)
+    package_data={'projects.mmdet3d_plugin.attention.slots': ['*.cpp']},
     python_requires='>=3.11',
     extras_require={'flash': ['flash-attn']},
 )

@@ -17,7 +17,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from projects.mmdet3d_plugin.apis.local_resources import usable_cores  # noqa: E402 (needs the repository on sys.path)
+from projects.mmdet3d_plugin.utils.local_resources import usable_cores  # noqa: E402 (needs the repository on sys.path)
 
 
 def threads_per_worker(cores: int, workers: int) -> int:
@@ -71,8 +71,8 @@ def _seed_everything():
 @pytest.fixture
 def slot_formulations_used(monkeypatch) -> List[str]:
     """The formulation of every ``SlotPattern.weighted_sum`` call during the test (window slot products,
-    ``attention/backends/segment/window_slots.py``): which formulation really ran."""
-    from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+    ``attention/slots/window_slots.py``): which formulation really ran."""
+    from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern
     used: List[str] = []
     original = SlotPattern.weighted_sum
 

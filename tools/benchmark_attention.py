@@ -16,7 +16,7 @@ peak memory beyond its inputs, per shape, bias and pass; then the bias
 construction times (structured, densified, the seed design's per-query loop).
 ``--crossover`` tabulates the cases by dense size ``bs * heads * Q * K`` with
 the backend ``auto`` picks. How each number is measured:
-``projects/mmdet3d_plugin/apis/attention_benchmark.py``.
+``projects/mmdet3d_plugin/diagnostics/attention_benchmark.py``.
 """
 import argparse
 import json
@@ -25,12 +25,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from projects.mmdet3d_plugin.apis.attention_benchmark import BenchmarkOptions, run_attention_benchmark
-from projects.mmdet3d_plugin.apis.attention_benchmark_tables import benchmark_report
-from projects.mmdet3d_plugin.apis.attention_cases import DTYPES, KEY_LAYOUTS, SEGMENT_WITH_RECOMPUTE
-from projects.mmdet3d_plugin.apis.tiled_bias_launch_option import (add_tiled_bias_launch_argument,
-                                                                  apply_tiled_bias_launches)
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import FORMULATION_NAMES, set_formulation
+from projects.mmdet3d_plugin.attention.slots.window_slots import FORMULATION_NAMES, set_formulation
+from projects.mmdet3d_plugin.diagnostics.attention_benchmark import BenchmarkOptions, run_attention_benchmark
+from projects.mmdet3d_plugin.diagnostics.attention_benchmark_tables import benchmark_report
+from projects.mmdet3d_plugin.diagnostics.attention_cases import DTYPES, KEY_LAYOUTS, SEGMENT_WITH_RECOMPUTE
+from tools.cli.tiled_bias_launch import add_tiled_bias_launch_argument, apply_tiled_bias_launches
 
 DEFAULTS = BenchmarkOptions()
 
@@ -52,7 +51,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='backends to time (default: segment, segment+recompute, flashbias, sdpa; cuda adds '
                         'tiled_bias, flex, flash_attn); '
                         f'{SEGMENT_WITH_RECOMPUTE!r} adds the cost of segment\'s accelerator recomputation')
-    parser.add_argument('--repeats', type=int, default=DEFAULTS.repeats, help='timed runs per backend (median reported)')
+    parser.add_argument('--repeats', type=int, default=DEFAULTS.repeats,
+                        help='timed runs per backend (median reported)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', choices=sorted(DTYPES), default=None,
                         help='default float32 on CPU, float16 on CUDA')

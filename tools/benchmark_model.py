@@ -4,11 +4,11 @@ Examples::
 
     # R50 800x320 (voxel 0.1) and VoV 1600x640 (voxel 0.075), inference and a training step, 5 pairs each
     python tools/benchmark_model.py --threads 2 --out bench.json
-    # R50 inference only, 3 pairs (a few minutes on two CPU cores)
+    # R50 inference only, 3 pairs
     python tools/benchmark_model.py --shapes r50 --modes inference --pairs 3
-    # VoV training step with the image backbone frozen (the full step needs more than 24 GB of host memory)
+    # VoV training step with the image backbone frozen (the full step needs far more host memory)
     python tools/benchmark_model.py --shapes vov --modes train --freeze img_backbone
-    # the full VoV training step, with the image backbone's activations checkpointed (about 12 GB)
+    # the full VoV training step, with the image backbone's activations checkpointed (less memory)
     python tools/benchmark_model.py --shapes vov --modes train --cfg-options model.img_backbone.with_cp=True
     # on a GPU, the AQR biases through the tiled_bias kernels
     python tools/benchmark_model.py --device cuda --pairs 3 --prefer-backend tiled_bias
@@ -19,7 +19,7 @@ B gets A's weights, both run the same fixed synthetic batch, alternately
 (A B A B ...) after the warm-up; the tables give each one's median time, the
 median of the paired ratios B/A with their min and max, the peak memory and
 the mean milliseconds of every part (indented rows are part of the row above
-them). How each number is measured: ``projects/mmdet3d_plugin/apis/model_benchmark.py``.
+them). How each number is measured: ``projects/mmdet3d_plugin/diagnostics/model_benchmark.py``.
 """
 import argparse
 import json
@@ -28,14 +28,13 @@ from typing import Optional, Sequence
 import torch
 from mmcv import DictAction
 
-from projects.mmdet3d_plugin.apis.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
-                                                          run_model_benchmark)
-from projects.mmdet3d_plugin.apis.model_benchmark_tables import markdown_tables
-from projects.mmdet3d_plugin.apis.tiled_bias_launch_option import (add_tiled_bias_launch_argument,
-                                                                  apply_tiled_bias_launches)
 from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATION_NAMES, default_formulation,
+from projects.mmdet3d_plugin.attention.slots.window_slots import (FORMULATION_NAMES, default_formulation,
                                                                               set_formulation)
+from projects.mmdet3d_plugin.diagnostics.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
+                                                                 run_model_benchmark)
+from projects.mmdet3d_plugin.diagnostics.model_benchmark_tables import markdown_tables
+from tools.cli.tiled_bias_launch import add_tiled_bias_launch_argument, apply_tiled_bias_launches
 
 DEFAULTS = ModelBenchmarkOptions()
 

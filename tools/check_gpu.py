@@ -10,7 +10,7 @@ float64 ``math`` (every dtype and bias), the gradient of AQR's learned
 ``alpha``, ``--steps`` real training iterations of the demo model (on CUDA
 with every host synchronisation outside the permitted regions an error), the
 attention speed and memory table and, on CUDA, the CMT vs CMT-AQR model
-benchmark (``projects/mmdet3d_plugin/apis/gpu_check.py``). A check that
+benchmark (``projects/mmdet3d_plugin/diagnostics/gpu_check.py``). A check that
 raises is reported with its traceback and the others still run; the exit
 status is non-zero when any fails, and the summary names every failing case.
 """
@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from projects.mmdet3d_plugin.apis.attention_cases import KEY_LAYOUTS
-from projects.mmdet3d_plugin.apis.gpu_check import TOLERANCES, GpuCheckOptions, failure_summary, run_gpu_checks
+from projects.mmdet3d_plugin.diagnostics.attention_cases import KEY_LAYOUTS
+from projects.mmdet3d_plugin.diagnostics.gpu_check import TOLERANCES, GpuCheckOptions, failure_summary, run_gpu_checks
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -11,7 +11,7 @@ busy-loop processes load the cores (the race only shows under CPU
 contention). Each thread count runs in its own process with
 ``OMP_NUM_THREADS`` set. ``--scatter builtin`` runs spconv's own CPU sparse
 convolutions (its compiled, racy scatter-add), ``patched`` the plugin's
-race-free replacement (``projects/mmdet3d_plugin/apis/spconv_race_check.py``).
+race-free replacement (``projects/mmdet3d_plugin/diagnostics/spconv_race_check.py``).
 
 Prints a table per config, thread count and scatter: runs with any wrong
 layer, wrong layer outputs per layer type, the worst error relative to the
@@ -24,8 +24,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.spconv_race_check import (SCATTERS, RaceCheckOptions, check_spconv_race,
-                                                            format_table, patched_failures)
+from projects.mmdet3d_plugin.diagnostics.spconv_race_check import (SCATTERS, RaceCheckOptions, check_spconv_race,
+                                                                   format_table, patched_failures)
 
 DEFAULTS = RaceCheckOptions()
 

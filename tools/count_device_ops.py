@@ -20,9 +20,9 @@ import argparse
 import json
 from typing import Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.device_op_count import MODES, count_pair, count_table
-from projects.mmdet3d_plugin.apis.model_benchmark import SHAPES, ModelBenchmarkOptions, shape_configs
 from projects.mmdet3d_plugin.attention import BACKENDS, dispatch
+from projects.mmdet3d_plugin.diagnostics.device_op_count import MODES, count_pair, count_table
+from projects.mmdet3d_plugin.diagnostics.model_benchmark import SHAPES, ModelBenchmarkOptions, shape_configs
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

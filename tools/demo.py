@@ -13,22 +13,19 @@ Steps, each printed as it starts and skipped when its output is already there
 4. ``tools/train.py --auto-resume``: trains the tiny model (progress and ETA in the log lines); a config
    that sets ``demo_processes = N`` (its recipe written for N processes of ``samples_per_gpu`` samples, as
    mmdet's ``8x2`` configs) trains, on a machine without a GPU that has N cores, as N data-parallel processes
-   (``torch.distributed.run``, gloo) with the cores split between them (PyTorch's CPU kernels at the demo's
-   sizes keep 2 threads of one process about 1.3 cores busy; see ``--processes``);
+   (``torch.distributed.run``, gloo) with the cores split between them (see ``--processes``);
 5. CMT-AQR only: ``tools/train.py --auto-resume`` again, a 4-epoch fine-tune of that checkpoint on sensor
    failures (``RandomSensorCorruption``: boxes without points, dead views, a cut sector, no cameras; see
    ``--sensor-failure-epochs``) in ``<work dir>/sensor_failures``;
 6. ``tools/test.py --eval bbox``: the trained model, scored by the nuScenes devkit's ``DetectionEval``;
 
-then prints the metrics of both models side by side and where the logs,
-TensorBoard events and checkpoints are. The tools run on a copy of the demo
-config pointed at ``--data-root`` (``<work dir>/<config name>.py``)
-(``projects/mmdet3d_plugin/apis/demo_pipeline.py``).
+then prints the metrics of both models side by side and where the logs, TensorBoard events and checkpoints
+are (``projects/mmdet3d_plugin/experiments/demo_pipeline.py``).
 """
 import argparse
 from typing import Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import CONFIGS, SENSOR_FAILURE_EPOCHS, DemoDataset, run_demo
+from projects.mmdet3d_plugin.experiments.demo_pipeline import CONFIGS, SENSOR_FAILURE_EPOCHS, DemoDataset, run_demo
 from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
 

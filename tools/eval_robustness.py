@@ -6,23 +6,20 @@
 The model is built and loaded once; for each corruption the test dataset is
 rebuilt with a ``SensorCorruption`` step right after its loading steps (as
 ``tools/test.py --corruption`` does), the model runs over it and the
-official nuScenes devkit evaluates the boxes. A corruption that fails (e.g.
-the model raises on its input) is reported as failed with its error, and the
-others still run.
+official nuScenes devkit evaluates the boxes. A corruption that fails is
+reported as failed with its error, and the others still run.
 
 Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
 ``clean`` per corruption) and ``robustness.json`` to ``--out`` (default
 ``work_dirs/<config name>/robustness``) and prints the table.
-``--samples N`` evaluates the first N test samples only (quick runs; the
-devkit's ground truth is narrowed to the same samples). ``--routing learned
-oracle`` evaluates a CMT-AQR model twice per corruption: with its router's
-weights and with the input's truth (LiDAR weight 1 where a query's BEV window
-holds points, camera weight 1 where a live camera sees it): the headroom
-routing could add. The table then has a ``routing`` column and each routing's
+``--samples N`` evaluates the first N test samples only (the devkit's ground
+truth is narrowed to the same samples). ``--routing learned oracle``
+evaluates a CMT-AQR model twice per corruption: with its router's weights and
+with the input's truth: the headroom routing could add; each routing's
 deltas are against its own clean run. ``--object-metrics`` adds, per
 corruption, the recall at 2 m of the objects it affected, the false positives
 per sample and the router's accuracy against the per-query routing targets
-(``projects/mmdet3d_plugin/apis/study_metrics.py``; detections counted from
+(``projects/mmdet3d_plugin/apis/object_metrics.py``; detections counted from
 ``--score-thr``), against the clean run, which then runs first
 (``projects/mmdet3d_plugin/apis/robustness_eval.py``).
 """
@@ -32,11 +29,11 @@ from typing import List, Optional
 from mmcv import DictAction
 from mmdet.utils import get_root_logger
 
+from projects.mmdet3d_plugin.apis.object_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
 from projects.mmdet3d_plugin.apis.robustness_eval import (CLEAN, DEFAULT_CORRUPTIONS, CorruptionResult,
-                                                          RobustnessOptions, evaluate_robustness, markdown_table,
-                                                          robustness_spec)
-from projects.mmdet3d_plugin.apis.study_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
+                                                          RobustnessOptions, evaluate_robustness, markdown_table)
 from projects.mmdet3d_plugin.models.dense_heads.query_router import TEST_ROUTINGS
+from tools.cli.corruption import robustness_spec
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -14,7 +14,8 @@ from mmcv.runner import save_checkpoint
 from mmdet.apis import set_random_seed
 from mmdet3d.models import build_model
 
-from projects.mmdet3d_plugin.mmcv_custom.launch import add_common_arguments, load_config
+from projects.mmdet3d_plugin.mmcv_custom.launch import load_config
+from tools.cli.launch import add_common_arguments
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -2,9 +2,9 @@
 
 Examples::
 
-    # the launches the backend uses (tiled_bias/launch.py: LAUNCH), float32 and float16, sm_90 (H100 / H200)
+    # the launches the backend uses (tiled_bias/launch.py: LAUNCH), float32 and float16, sm_90
     python tools/kernel_registers.py
-    # candidate tile sizes too, for an A100
+    # candidate tile sizes too, for sm_80
     python tools/kernel_registers.py --arch 80 --sweep
 
 Prints a table: kernel, dtype, tile (queries x keys), warps, registers per
@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from projects.mmdet3d_plugin.apis.kernel_registers import KERNEL_NAMES, TRITON_DTYPES, compile_report
+from projects.mmdet3d_plugin.diagnostics.kernel_registers import KERNEL_NAMES, TRITON_DTYPES, compile_report
 from projects.mmdet3d_plugin.attention.backends.tiled_bias.launch import Launch, launch_of
 
 #: tile sizes and warps tried by ``--sweep`` besides the backend's own
@@ -30,7 +30,7 @@ SWEEP = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4), (32, 32, 2), (16, 6
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Registers and spills of the tiled_bias kernels (ptxas -v).')
-    parser.add_argument('--arch', type=int, default=90, help='compute capability (default 90: H100 / H200)')
+    parser.add_argument('--arch', type=int, default=90, help='compute capability (default 90: sm_90)')
     parser.add_argument('--dtypes', nargs='+', choices=sorted(TRITON_DTYPES), default=['float32', 'float16'])
     parser.add_argument('--kernels', nargs='+', choices=sorted(KERNEL_NAMES), default=list(KERNEL_NAMES))
     parser.add_argument('--head-dim', type=int, default=32)

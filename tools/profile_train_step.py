@@ -9,7 +9,7 @@ iteration. Module rows are forward times measured with forward hooks (nested
 rows — the AQR modules and the transformer inside the head — are part of
 their parent's time); ``loss`` includes the Hungarian matching
 (``assigner``); ``data`` is the time spent waiting for the next batch
-(``projects/mmdet3d_plugin/apis/train_step_profile.py``).
+(``projects/mmdet3d_plugin/diagnostics/train_step_profile.py``).
 """
 import argparse
 from typing import Dict, Optional, Sequence
@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence
 import torch
 from mmcv import DictAction
 
-from projects.mmdet3d_plugin.apis.train_step_profile import format_table, profile_train_step
+from projects.mmdet3d_plugin.diagnostics.train_step_profile import format_table, profile_train_step
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

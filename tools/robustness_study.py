@@ -1,9 +1,9 @@
-"""Does routing pay under sensor failures? Seven arms, three seeds, one command (issues 22, 38).
+"""Does routing pay under sensor failures? Seven arms, three seeds, one command.
 
     python tools/robustness_study.py [--quick] [--seeds 0 1 2] [--work-dir work_dirs/study] [--out docs/robustness]
     make study [STUDY_ARGS="--shared-stage1"]     # study.md states the wall time its run took
 
-Arms (``projects/mmdet3d_plugin/apis/study_arms.py``), all on ``make demo``'s
+Arms (``projects/mmdet3d_plugin/experiments/study_arms.py``), all on ``make demo``'s
 camera-pass detector but the camera-only model: a LiDAR-only and a camera-only
 model (the same data and schedule), stage 1 (the detector with AQR's window
 bias fixed: routing off), the control (stage 1 trained further with the
@@ -14,10 +14,10 @@ corruptions) and the oracle (CMT-AQR with the input's truth as routing).
 Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
-(``apis/study_metrics.py``); ``study.md`` / ``study.json`` / the chart
-(``apis/study_report.py``) in ``--out``. The plan and its time estimate are
+(``apis/object_metrics.py``); ``study.md`` / ``study.json`` / the chart
+(``experiments/study_report.py``) in ``--out``. The plan and its time estimate are
 printed first; every step is skipped when its output exists, so a second run
-continues (``apis/robustness_study.py``). ``--quick`` runs the same steps on a
+continues (``experiments/robustness_study.py``). ``--quick`` runs the same steps on a
 tiny set for a few iterations and four corruptions (the test suite runs it;
 its numbers mean nothing; its trainings run in one process) and writes its
 report into the work dir.
@@ -28,11 +28,11 @@ import sys
 from dataclasses import fields
 from typing import Dict, Optional, Sequence
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import DemoDataset, DemoStudyTools
-from projects.mmdet3d_plugin.apis.repo_paths import REPO_ROOT
+from projects.mmdet3d_plugin.apis.object_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
 from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN, DEFAULT_CORRUPTIONS
-from projects.mmdet3d_plugin.apis.robustness_study import RobustnessStudy, StudyOptions
-from projects.mmdet3d_plugin.apis.study_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
+from projects.mmdet3d_plugin.experiments.demo_pipeline import DemoDataset, DemoStudyTools
+from projects.mmdet3d_plugin.experiments.robustness_study import RobustnessStudy, StudyOptions
+from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
 from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
 QUICK_CORRUPTIONS = (CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120')

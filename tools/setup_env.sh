@@ -17,7 +17,7 @@
 #      a wheel and cached (see README "Why mmdet3d is patched")
 #   5. the pinned runtime and test requirements (requirements/*.txt); in CUDA
 #      mode spconv's CUDA build matching torch's CUDA instead of `spconv`
-#      (the choices: projects/mmdet3d_plugin/utils/cuda_build.py)
+#      (the choices: tools/cuda_build.py)
 #   6. this project in editable mode, then an import check
 #   7. the project's C++ slot kernel for the CPU (~1 minute the first time), cached in
 #      $CMT_AQR_HOME/extensions
@@ -62,12 +62,12 @@ sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)
 EOF
 
 STEP="choose the CPU or CUDA build"
-BUILD_CHOICE=("$PYTHON" "$REPO_ROOT/projects/mmdet3d_plugin/utils/cuda_build.py" --device "${CMT_AQR_DEVICE:-auto}")
+BUILD_CHOICE=("$PYTHON" "$REPO_ROOT/tools/cuda_build.py" --device "${CMT_AQR_DEVICE:-auto}")
 read -r BUILD_MODE _ FORCE_CUDA < <("${BUILD_CHOICE[@]}") || fail "see the cuda_build line above"
 [[ -n "$BUILD_MODE" ]] || fail "see the cuda_build line above"
 
 STAMP_FILE="$VENV/.cmt_aqr_stamp"
-STAMP="$( (cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT/projects/mmdet3d_plugin/utils/cuda_build.py" \
+STAMP="$( (cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT/tools/cuda_build.py" \
     "$REPO_ROOT"/requirements/*.txt; echo "$BUILD_MODE") | sha256sum | cut -c1-16)"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
@@ -90,9 +90,9 @@ install_project() {
     (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
 from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")
     STEP="build the C++ slot kernel"
-    # the CPU's window slot dot products (attention/backends/segment/cpu_slot_dot.py): compiled once (~1 minute),
+    # the CPU's window slot dot products (attention/slots/cpu_slot_dot.py): compiled once (~1 minute),
     # then only checked against its source's hash (seconds)
-    (cd "$REPO_ROOT" && "$PY" -c "from projects.mmdet3d_plugin.attention.backends.segment.cpu_slot_dot import main; \
+    (cd "$REPO_ROOT" && "$PY" -c "from projects.mmdet3d_plugin.attention.slots.cpu_slot_dot import main; \
 main()")
 }
 

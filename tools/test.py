@@ -27,13 +27,12 @@ from mmdet.utils import get_root_logger
 from mmdet3d.apis import single_gpu_test
 from mmdet3d.datasets import build_dataset
 
-from projects.mmdet3d_plugin.apis.testing import (add_corruption_arguments, apply_corruption,
-                                                  build_test_loader, build_test_model, evaluate_results,
-                                                  prepare_test_config)
-from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,
-                                                        init_distributed, load_config,
-                                                        resolve_work_dir)
+from projects.mmdet3d_plugin.apis.test import (apply_corruption, build_test_loader, build_test_model,
+                                               evaluate_results, prepare_test_config)
+from projects.mmdet3d_plugin.mmcv_custom.launch import default_device, init_distributed, load_config, resolve_work_dir
 from projects.mmdet3d_plugin.mmcv_custom.parallel import wrap_model
+from tools.cli.corruption import add_corruption_arguments
+from tools.cli.launch import add_common_arguments
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

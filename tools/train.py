@@ -25,10 +25,9 @@ from mmdet3d.datasets import build_dataset
 from mmdet3d.models import build_model
 from mmdet3d.utils import collect_env
 
-from projects.mmdet3d_plugin.mmcv_custom.launch import (add_common_arguments, default_device,
-                                                        init_distributed, load_config,
-                                                        resolve_work_dir)
-from projects.mmdet3d_plugin.mmcv_custom.train import train_detector
+from projects.mmdet3d_plugin.apis.train import train_detector
+from projects.mmdet3d_plugin.mmcv_custom.launch import default_device, init_distributed, load_config, resolve_work_dir
+from tools.cli.launch import add_common_arguments
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -24,7 +24,7 @@ from typing import List, Optional
 from mmcv import DictAction
 
 from projects.mmdet3d_plugin.apis.routing_pictures import AQRPictures, draw_aqr_pictures
-from projects.mmdet3d_plugin.apis.testing import add_corruption_arguments
+from tools.cli.corruption import add_corruption_arguments
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

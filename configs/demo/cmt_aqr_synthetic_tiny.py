@@ -5,7 +5,7 @@
 # each query's BEV cell and its cell in the camera view that sees it: a locality prior that lets a
 # 15-minute CPU run learn where a query should look. Without it (bias 0 at the start, as with
 # init_weight=None) the decoder needs thousands of iterations to learn that from the position
-# embeddings alone: measured, see README "The demo".
+# embeddings alone.
 _base_ = ['./cmt_synthetic_tiny.py']
 
 model = dict(

@@ -1,4 +1,4 @@
-# The robustness study's stage 1 (tools/robustness_study.py, arm `stage1` of apis/study_arms.py): CMT-AQR whose
+# The robustness study's stage 1 (tools/robustness_study.py, arm `stage1` of experiments/study_arms.py): CMT-AQR whose
 # AQR modules never train. The router stays at its initialisation, so every query trusts both modalities
 # equally (weights 0.9 +- 0.01: init_weight with a near-zero weight head) and gets the same +4 window bias
 # around its BEV cell and its camera cell (alpha stays at bias_scale = 5): CMT with a fixed locality prior and

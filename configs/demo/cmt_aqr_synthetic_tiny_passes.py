@@ -1,4 +1,4 @@
-# CMT-AQR whose cameras detect on their own (issue 21, "cameras that see"): configs/demo/cmt_aqr_synthetic_tiny.py
+# CMT-AQR whose cameras detect on their own ("cameras that see"): configs/demo/cmt_aqr_synthetic_tiny.py
 # plus, in the head,
 # * a camera decoding pass (MEFormer / MoME stage 1): every training step also decodes the queries against the
 #   camera tokens alone, with their own decoder (pass_decoders='separate'), matching, DN and losses (camera.* in
@@ -12,14 +12,14 @@
 # learns only from samples with images, and the fused pass need not learn to detect without points, since a frame
 # without them goes to the camera pass (the base's 25 % of point-less samples cost it clean mAP and robustness to
 # losing its cameras). The fused pass never trains without cameras, so it loses when they fail (camera_drop).
-# Measured, one by one: docs/demo.md "Cameras that see" and "A fused pass that always has its LiDAR".
-# For the 20-minute budget of make demo (the second pass makes a step 1.4x dearer) the recipe is written for
+# The effect of each change: docs/results.md.
+# For the 20-minute budget of make demo (the second pass makes a step dearer) the recipe is written for
 # 2 data-parallel processes of 2 samples (demo_processes: tools/demo.py starts them on a CPU machine with 2 cores,
-# one thread each; one process of two threads keeps only ~1.3 cores busy): a batch of 4, so 40 steps per epoch,
+# one thread each; one process of two threads does not keep both busy): a batch of 4, so 40 steps per epoch,
 # at 1.4e-3 (the AdamW square-root scaling of the base's 1e-3 at batch 2), and PyTorch's fused AdamW (one kernel
-# for all parameters instead of a loop over ~300 tensors, ~7 % of a step). Processes of 1 sample each would keep
+# for all parameters instead of a loop over ~300 tensors). Processes of 1 sample each would keep
 # the batch of 2 but normalise each sample by its own BatchNorm statistics, whose running averages then misfit the
-# test samples (a sample without points, 25 % of them, has none): mAP 0.314, 0.522 with recomputed statistics.
+# test samples (a sample without points, 25 % of them, has none) and cost much of the test mAP.
 _base_ = ['./cmt_aqr_synthetic_tiny.py']
 demo_processes = 2
 image_drop_prob = 0.0

@@ -4,7 +4,7 @@
 # matched to an object learns LiDAR = "its box still holds >= min_lidar_points points", camera = "its centre is in
 # a live camera view". The targets follow whatever the training pipeline removed: ModalMask3D here; the study
 # adds train-time object_drop / camera_fail / mixed corruptions (RandomSensorCorruption, its arm's
-# train_corruptions in projects/mmdet3d_plugin/apis/study_arms.py) for per-query variation.
+# train_corruptions in projects/mmdet3d_plugin/experiments/study_arms.py) for per-query variation.
 _base_ = ['./cmt_aqr_synthetic_tiny_stage2.py']
 
 model = dict(pts_bbox_head=dict(aqr_config=dict(query_loss_weight=1.0)))

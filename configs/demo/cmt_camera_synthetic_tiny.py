@@ -53,10 +53,10 @@ model = dict(
     pts_bbox_head=dict(
         type='CmtImageHead',
         transformer=dict(type='CmtImageTransformer'),
-        # the camera learning aids (docs/demo.md "Cameras that see"): the locality prior CMT-AQR's router starts
+        # the camera learning aids: the locality prior CMT-AQR's router starts
         # with, 2D centre-heatmap + object-depth supervision, and camera tokens embedded at their predicted depth
         camera_window_prior=dict(window_size=5, bias=4.0),
         image_aux_config=dict(type='ImageAuxHead'),
         camera_depth_position=True))
-# a camera-only step costs about 0.6 s (a fusion step 0.9 s), so it trains 20 epochs in the demo's 20-minute budget
+# a camera-only step costs less than a fusion step, so it trains 20 epochs in the demo's 20-minute budget
 runner = dict(type='EpochBasedRunner', max_epochs=20)

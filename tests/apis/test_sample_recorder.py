@@ -8,7 +8,7 @@ from mmdet3d.models import build_model
 from projects.mmdet3d_plugin.apis.attention_mass import fused_cross_attention, record_camera_mass
 from projects.mmdet3d_plugin.apis.decoder_capture import capture_decoder
 from projects.mmdet3d_plugin.apis.sample_recorder import record_samples
-from projects.mmdet3d_plugin.apis.synthetic_batch import random_demo_batch
+from projects.mmdet3d_plugin.diagnostics.synthetic_batch import random_demo_batch
 from projects.mmdet3d_plugin.models.aqr.routing_targets import count_points_in_boxes
 
 

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from projects.mmdet3d_plugin.attention import AttentionBias, apply_attention
 from projects.mmdet3d_plugin.attention.backends.segment import backend as segment_module
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern
 from test_backends import FP32_TOLERANCE, _outputs_and_grads
 
 

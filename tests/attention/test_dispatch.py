@@ -84,7 +84,7 @@ def test_triton_kernels_are_not_imported_by_the_package():
     import subprocess
     import sys
     kernels = ['projects.mmdet3d_plugin.attention.backends.tiled_bias.kernels',
-               'projects.mmdet3d_plugin.attention.backends.segment.slot_kernels']
+               'projects.mmdet3d_plugin.attention.slots.slot_kernels']
     code = ('import sys, projects.mmdet3d_plugin; '
             f'print([name for name in {kernels!r} if name in sys.modules])')
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,

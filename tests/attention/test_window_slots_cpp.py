@@ -13,8 +13,8 @@ it is not built or was built from another source.
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.attention.backends.segment import cpu_slot_dot, window_slots
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern, default_formulation
+from projects.mmdet3d_plugin.attention.slots import cpu_slot_dot, window_slots
+from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern, default_formulation
 from test_window_slots_gather import (check_local_window_attention_formulations_agree, check_products_against_sparse,
                                       check_segment_backend_formulations_agree)
 

@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from projects.mmdet3d_plugin.attention import apply_attention
 from projects.mmdet3d_plugin.attention.backends.segment import backend as segment_module
-from projects.mmdet3d_plugin.attention.backends.segment import window_slots
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern, default_formulation
+from projects.mmdet3d_plugin.attention.slots import window_slots
+from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern, default_formulation
 from projects.mmdet3d_plugin.attention.dispatch import _make_call
 from projects.mmdet3d_plugin.utils.host_data import HostCopyCounter
 from test_backends import FP32_TOLERANCE, assert_matches_math

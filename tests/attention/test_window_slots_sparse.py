@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern
 from test_window_slots_gather import _split_heads
 
 

@@ -11,7 +11,7 @@ triton`` (docs/attention.md).
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.attention.backends.segment.window_slots import SlotPattern
+from projects.mmdet3d_plugin.attention.slots.window_slots import SlotPattern
 
 #: the checks of triton_interpreter_checks.py (parametrised cases counted): all must pass, none be skipped
 NUM_CHECKS = 8
@@ -32,7 +32,7 @@ def test_triton_formulation_needs_cuda_or_the_interpreter(monkeypatch):
 
 
 def test_formulation_override_is_restored_and_names_are_checked():
-    from projects.mmdet3d_plugin.attention.backends.segment.window_slots import (FORMULATIONS, default_formulation,
+    from projects.mmdet3d_plugin.attention.slots.window_slots import (FORMULATIONS, default_formulation,
                                                                                   formulation_override)
     cuda = torch.device('cuda')
     assert FORMULATIONS['cuda'] == 'triton'
@@ -57,7 +57,7 @@ def test_cuda_takes_the_triton_kernels_where_triton_is_installed(monkeypatch):
     machine without the triton package gets 'gather' instead of a pattern that cannot run."""
     import importlib.util
 
-    from projects.mmdet3d_plugin.attention.backends.segment.window_slots import default_formulation
+    from projects.mmdet3d_plugin.attention.slots.window_slots import default_formulation
     pytest.importorskip('triton', reason='the triton package comes with the CUDA builds of torch that setup installs')
     assert default_formulation(torch.device('cuda')) == 'triton'
     find_spec = importlib.util.find_spec

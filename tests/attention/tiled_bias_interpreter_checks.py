@@ -147,7 +147,7 @@ def test_a_detector_training_step_through_it_equals_autos(monkeypatch):
     bias through ``tiled_bias`` (``STRUCTURED_BIAS_FIRST``) and through ``auto``'s dense choice: the same loss and
     every parameter's gradient (the router's and the bias generator's, whose gradients come through the kernels'
     bias gradients, included), from the same weights, batch and dropout draws."""
-    from projects.mmdet3d_plugin.apis.model_benchmark import (ModelBenchmarkOptions, build_detector, load_config,
+    from projects.mmdet3d_plugin.diagnostics.model_benchmark import (ModelBenchmarkOptions, build_detector, load_config,
                                                               make_batch)
     from projects.mmdet3d_plugin.attention import dispatch
     from projects.mmdet3d_plugin.attention.backends import BACKENDS

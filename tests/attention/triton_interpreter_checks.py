@@ -5,7 +5,7 @@ interpreter must be on (``TRITON_INTERPRET=1``) before Triton is first
 imported, and the package imports Triton's language module (through torch's
 FlexAttention), so ``test_window_slots_triton.py`` runs this module in a
 pytest process of its own with the variable set. The kernels of
-``attention/backends/segment/slot_kernels.py`` run on CPU tensors: each
+``attention/slots/slot_kernels.py`` run on CPU tensors: each
 product against the ``'sparse'`` one (random patterns with invalid slots and
 duplicate keys, the test bias's clipped windows, strided and half-precision
 tables, weights expanded over the heads), invalid slots adding nothing
@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.attention.backends.segment import window_slots
+from projects.mmdet3d_plugin.attention.slots import window_slots
 from test_backends import FP32_TOLERANCE, assert_matches_math
 from test_window_slots_gather import (check_invalid_slot_weights_ignored, check_local_window_attention_formulations_agree,
                                       check_products_against_sparse, check_segment_backend_formulations_agree)
@@ -31,7 +31,7 @@ if os.environ.get('TRITON_INTERPRET') != '1':
 def test_triton_products_equal_the_sparse_ones(cases, monkeypatch, table_dtype, slots_per_program):
     """One slot group per program (the patterns have 9 and 50 slots), and groups of 4 with a shorter last one."""
     if slots_per_program is not None:
-        from projects.mmdet3d_plugin.attention.backends.segment import slot_kernels
+        from projects.mmdet3d_plugin.attention.slots import slot_kernels
         monkeypatch.setattr(slot_kernels, 'SLOTS_PER_PROGRAM', slots_per_program)
     check_products_against_sparse(cases, 'triton', table_dtype)
 
@@ -68,7 +68,7 @@ def test_the_custom_operators_fake_implementations_match_the_kernels():
     """``torch.library.opcheck``: the schemas hold (``slot_scatter_add_`` writes its target and nothing else) and the
     fake implementations (what ``FakeTensorMode`` and ``torch.compile`` see) give the outputs' shapes, dtypes and
     strides the kernels give: CUDA's default formulation traces on fake tensors (``tools/count_device_ops.py``)."""
-    from projects.mmdet3d_plugin.attention.backends.segment import slot_ops
+    from projects.mmdet3d_plugin.attention.slots import slot_ops
     bs, heads, num_queries, length, num_keys, dim = 2, 3, 5, 4, 11, 8
     index = torch.randint(0, num_keys, (bs, num_queries, length))
     valid = (torch.rand(bs, num_queries, length) > 0.3).to(torch.uint8)

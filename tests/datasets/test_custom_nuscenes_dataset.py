@@ -189,7 +189,9 @@ def test_ground_truth_as_head_outputs_decodes_to_a_perfect_evaluation(synthetic_
     from mmdet.models.builder import build_head
     from projects.mmdet3d_plugin.core.bbox.util import normalize_bbox
     model_cfg = cmt.cfg.model
-    head = build_head(dict(model_cfg.pts_bbox_head, train_cfg=model_cfg.train_cfg.pts, test_cfg=model_cfg.test_cfg.pts))
+    from projects.mmdet3d_plugin.config_upgrade import upgrade_model_config
+    head = build_head(upgrade_model_config(dict(model_cfg.pts_bbox_head, train_cfg=model_cfg.train_cfg.pts,
+                                                test_cfg=model_cfg.test_cfg.pts)))
     dataset = cmt.build_dataset(synthetic_root, created_data['val'], cmt.test_pipeline(), test_mode=True)
     offsets = np.cumsum([0] + head.num_classes)
     results = []

@@ -24,7 +24,7 @@ from projects.mmdet3d_plugin.mmcv_custom.sparse_conv_check import (check_sparse_
 from projects.mmdet3d_plugin.mmcv_custom.spconv_cpu_scatter import (builtin_spconv_scatter_add,
                                                                     is_spconv_cpu_scatter_add_patched,
                                                                     scatter_add_rows)
-from projects.mmdet3d_plugin.apis import spconv_race_check
+from projects.mmdet3d_plugin.diagnostics import spconv_race_check
 
 RUNS_UNDER_LOAD = 6
 SPCONV_THREADS = 2

@@ -16,7 +16,7 @@ import pytest
 import torch
 from mmcv import Config
 
-from projects.mmdet3d_plugin.apis.local_resources import free_port
+from projects.mmdet3d_plugin.utils.local_resources import free_port
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # 25.6 m: a BEV grid divisible by 16 at voxel 0.1 m and 0.2 m (SECOND + FPN stride 2 then upsample 2)

@@ -1,7 +1,7 @@
 """tools/benchmark_attention.py --quick: every backend reported, the JSON written with the command line."""
 import json
 
-from projects.mmdet3d_plugin.apis.attention_cases import BASELINE
+from projects.mmdet3d_plugin.diagnostics.attention_cases import BASELINE
 from projects.mmdet3d_plugin.attention import dispatch
 from tools import benchmark_attention
 
@@ -32,7 +32,7 @@ def test_quick_run_reports_each_backend(tmp_path, capsys):
 
 def test_slot_formulation_switch_runs_the_local_bias_through_it(monkeypatch, slot_formulations_used):
     """``--slot-formulation gather`` on the CPU: the segment backend's window products take it, the meta says so."""
-    from projects.mmdet3d_plugin.attention.backends.segment import window_slots
+    from projects.mmdet3d_plugin.attention.slots import window_slots
     monkeypatch.setitem(window_slots.FORMULATIONS, 'cpu', 'sparse')  # restored after the test
     result = benchmark_attention.main(['--quick', '--biases', 'local', '--passes', 'fwd', '--repeats', '1',
                                        '--backends', 'segment', '--no-construction', '--memory', 'none',

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from projects.mmdet3d_plugin.apis import model_benchmark
-from projects.mmdet3d_plugin.apis.model_benchmark import TOTAL_ROW, TRAIN_ROWS, ModelBenchmarkOptions, load_config
+from projects.mmdet3d_plugin.diagnostics import model_benchmark
+from projects.mmdet3d_plugin.diagnostics.model_benchmark import (TOTAL_ROW, TRAIN_ROWS, ModelBenchmarkOptions,
+                                                                 load_config)
 from tools import benchmark_model
 
 DEMO_PAIR = ('configs/demo/cmt_synthetic_tiny.py', 'configs/demo/cmt_aqr_synthetic_tiny.py')

@@ -2,7 +2,7 @@
 a training step that raises (traceback, summary, exit status) instead of crashing."""
 import torch
 
-from projects.mmdet3d_plugin.apis import gpu_check, training_check
+from projects.mmdet3d_plugin.diagnostics import gpu_check, training_check
 from projects.mmdet3d_plugin.utils.host_data import permitted_host_sync
 from tools import check_gpu
 

@@ -1,7 +1,7 @@
 """tools/check_spconv_race.py: the table it prints and its verdict on the patched scatter-add."""
 import json
 
-from projects.mmdet3d_plugin.apis import spconv_race_check
+from projects.mmdet3d_plugin.diagnostics import spconv_race_check
 from tools import check_spconv_race
 
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from projects.mmdet3d_plugin.apis.demo_pipeline import METRIC_PREFIX
+from projects.mmdet3d_plugin.experiments.demo_pipeline import METRIC_PREFIX
 from tools import demo
 
 

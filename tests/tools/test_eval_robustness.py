@@ -7,7 +7,7 @@ import torch
 from mmcv import Config
 
 from projects.mmdet3d_plugin.apis.sample_subset import keep_first_samples, nuscenes_ground_truth_of
-from projects.mmdet3d_plugin.apis.testing import evaluate_results, nuscenes_scores
+from projects.mmdet3d_plugin.apis.test import evaluate_results, nuscenes_scores
 from tools import eval_robustness
 
 AQR_DEMO = 'cmt_aqr_synthetic_tiny'

@@ -2,7 +2,7 @@
 the instructions of a kernel's loop are counted."""
 import pytest
 
-from projects.mmdet3d_plugin.apis.kernel_registers import RegisterReport, loop_instructions, parse_ptxas
+from projects.mmdet3d_plugin.diagnostics.kernel_registers import RegisterReport, loop_instructions, parse_ptxas
 from tools import kernel_registers
 
 PTXAS_OUTPUT = """ptxas info    : Compiling entry function '_forward_kernel' for 'sm_90a'

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.apis.study_arms import STUDY_ARMS
-from projects.mmdet3d_plugin.apis.study_report import METRICS
+from projects.mmdet3d_plugin.experiments.study_arms import STUDY_ARMS
+from projects.mmdet3d_plugin.experiments.study_report import METRICS
 from tools import robustness_study as study
 
 AQR_PREFIXES = tuple(f'pts_bbox_head.{name}.' for name in ('aqr_weight_generator', 'attention_bias_generator'))

@@ -91,7 +91,8 @@ def test_fp16_hook_checks_module_names_and_falls_back_to_fp32_on_cpu():
 def test_config_loading_imports_the_plugin_and_rejects_bad_plugin_dirs(tmp_path):
     import argparse
 
-    from projects.mmdet3d_plugin.mmcv_custom.launch import add_common_arguments, init_distributed, load_config
+    from projects.mmdet3d_plugin.mmcv_custom.launch import init_distributed, load_config
+    from tools.cli.launch import add_common_arguments
     parser = argparse.ArgumentParser()
     parser.add_argument('config')
     add_common_arguments(parser)

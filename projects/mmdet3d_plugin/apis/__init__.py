@@ -1,21 +1,22 @@
-"""What the tools do (mmdet3d's convention: ``tools/`` parse their arguments, call a function here and print).
+"""What a user calls from Python to train, test and inspect a detector.
 
-* testing a checkpoint: ``testing`` (tools/test.py), ``robustness_eval``
-  (tools/eval_robustness.py), ``routing_pictures`` and ``decoder_capture``
-  (tools/visualize_aqr.py), ``sample_subset``;
-* benchmarks and checks: ``attention_cases``, ``attention_benchmark``,
-  ``attention_benchmark_tables`` (tools/benchmark_attention.py),
-  ``model_benchmark``, ``model_benchmark_tables``, ``part_timer``,
-  ``optimizer_step``, ``synthetic_batch`` (tools/benchmark_model.py),
-  ``gpu_check``, ``training_check`` (tools/check_gpu.py), ``train_step_profile``
-  (tools/profile_train_step.py), ``spconv_race_check``
-  (tools/check_spconv_race.py), ``process_memory`` (peak memory in a fresh
-  process);
-* the demo and the robustness study: ``demo_pipeline`` (tools/demo.py),
-  ``study_arms``, ``study_metrics``, ``sample_recorder``, ``study_report``,
-  ``robustness_study`` (tools/robustness_study.py);
-* ``repo_paths``, ``local_resources``: the checkout's root, the machine's cores and a free port.
+The rule: a module belongs here when a user (or a ``tools/*.py`` script,
+which only parses its options and calls it) runs a model with it: training,
+testing, robustness evaluation and the pictures and records of what the
+model did. Benchmarks and checks go to ``diagnostics/``, the demo and the
+study drivers to ``experiments/``; command-line parsing stays in ``tools/``.
 
-Not imported by the plugin's ``__init__``: the tools import these modules
-themselves, and importing them registers the plugin as any plugin import does.
+* train and test, side by side: ``train`` (``train_detector``,
+  tools/train.py) and ``test`` (config, corruption, model, loader, nuScenes
+  metrics; tools/test.py);
+* robustness evaluation: ``robustness_eval`` (tools/eval_robustness.py) with
+  ``object_metrics``, ``sample_recorder``, ``attention_mass`` and
+  ``sample_subset``;
+* routing pictures: ``routing_pictures`` and ``decoder_capture``
+  (tools/visualize_aqr.py).
+
+Imports ``mmcv_custom``, ``models``, ``datasets``, ``core``, ``attention`` and
+``utils``, never ``diagnostics`` or ``experiments``. Not imported by the
+plugin's ``__init__``: importing a module here registers the plugin as any
+plugin import does.
 """

@@ -1,4 +1,4 @@
-"""Where the fused pass attends: per query, the share of its cross-attention on the camera keys (issue 38).
+"""Where the fused pass attends: per query, the share of its cross-attention on the camera keys.
 
 When a sensor fails, routing should move the decoder's attention off that
 sensor's keys. :func:`record_camera_mass` measures it while the model runs

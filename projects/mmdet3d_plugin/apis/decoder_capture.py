@@ -17,6 +17,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..attention import DecoderBias
 from ..models.dense_heads.query_router import QueryRouting, routing_of
 
 
@@ -33,7 +34,7 @@ class DecoderSnapshot:
     """
 
     preds_dicts: Optional[Tuple[List[dict], ...]] = None
-    cross_attn_bias: Any = None
+    cross_attn_bias: Optional[DecoderBias] = None
     bev_shape: Optional[Tuple[int, int]] = None
     camera_shape: Optional[Tuple[int, int, int]] = None
 

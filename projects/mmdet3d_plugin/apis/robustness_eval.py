@@ -17,7 +17,7 @@ and ``oracle`` evaluate a CMT-AQR model twice per corruption: with its
 router's weights and with the input's truth; each routing's deltas are against
 its own clean run. ``object_metrics`` adds, per corruption, the recall at 2 m
 of the objects it affected, the false positives per sample and the router's
-accuracy against the per-query routing targets (:mod:`.study_metrics`),
+accuracy against the per-query routing targets (:mod:`.object_metrics`),
 against the clean run, which then runs first.
 """
 import json
@@ -38,11 +38,11 @@ from torch import nn
 
 from ..mmcv_custom.launch import default_device
 from ..mmcv_custom.parallel import wrap_model
+from .object_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD, object_metrics
 from .sample_recorder import record_samples
 from .sample_subset import keep_first_samples, nuscenes_ground_truth_of
-from .study_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD, object_metrics
-from .testing import (apply_corruption, build_test_loader, build_test_model, corruption_spec, evaluate_results,
-                      load_test_config, nuscenes_scores, prepare_test_config, set_test_routing)
+from .test import (apply_corruption, build_test_loader, build_test_model, evaluate_results, load_test_config,
+                   nuscenes_scores, prepare_test_config, set_test_routing)
 
 #: The uncorrupted run, the reference of the deltas.
 CLEAN = 'clean'
@@ -71,7 +71,7 @@ class CorruptionResult:
         seconds (float): wall time of inference and evaluation.
         routing (str): the AQR routing at test time (``learned`` or ``oracle``).
         objects (dict, optional): ``--object-metrics``: the fields of
-            ``study_metrics.ObjectMetrics`` (affected-object recall, false
+            ``object_metrics.ObjectMetrics`` (affected-object recall, false
             positives per sample, router accuracy, their counts).
     """
 
@@ -121,11 +121,6 @@ class RobustnessOptions:
     min_lidar_points: int = MIN_LIDAR_POINTS
     attention_mass: bool = False
     cfg_options: Optional[dict] = None
-
-
-def robustness_spec(text: str) -> str:
-    """``argparse`` type of ``--corruptions`` items: ``clean`` or a corruption spec."""
-    return CLEAN if text.strip() == CLEAN else corruption_spec(text)
 
 
 def describe_error(error: BaseException) -> str:

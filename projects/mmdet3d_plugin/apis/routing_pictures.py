@@ -33,7 +33,7 @@ from ..core.visualization import (camera_names, denormalize_image, plot_bev, plo
 from ..mmcv_custom.launch import default_device
 from ..mmcv_custom.parallel import wrap_model
 from .decoder_capture import DecoderSnapshot, capture_decoder, query_scores
-from .testing import apply_corruption, build_test_model, load_test_config, prepare_test_config
+from .test import apply_corruption, build_test_model, load_test_config, prepare_test_config
 
 
 @dataclass

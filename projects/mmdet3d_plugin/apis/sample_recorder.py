@@ -3,7 +3,7 @@
 :func:`record_samples` wraps the detector's ``simple_test`` for the
 duration of a block, so ``single_gpu_test`` (and everything around it) runs
 unchanged; each tested sample leaves a
-:class:`~.study_metrics.SampleObservation` (its ground truth with the LiDAR
+:class:`~.object_metrics.SampleObservation` (its ground truth with the LiDAR
 points of the model's input in each box, the camera views it had, the
 detections, and for CMT-AQR every query's predictions and routing weights)::
 
@@ -23,7 +23,7 @@ from ..models.dense_heads.query_router import routing_of
 from ..models.utils.camera_geometry import stack_lidar2img
 from .attention_mass import CameraMass, record_camera_mass
 from .decoder_capture import capture_decoder
-from .study_metrics import SampleObservation, camera_meta_of
+from .object_metrics import SampleObservation, camera_meta_of
 
 #: img_meta key of the sample token (mmdet3d's ``Collect3D`` meta key).
 TOKEN_KEY = 'sample_idx'

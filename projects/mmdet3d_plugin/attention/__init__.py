@@ -4,19 +4,22 @@
 tensor or an :class:`AttentionBias` built from :class:`SegmentBias`,
 :class:`LowRankBias`, :class:`WindowBias` (on :class:`KeyGrid` s) and
 :class:`DenseBias` parts; :func:`restrict_keys` cuts any of them to a key
-range. Also public: :func:`pop_inexact_rows` (rows the ``segment`` backend
-left inexact on an accelerator, for the training log) and :class:`SlotPattern`
-(sparse products over per-query key slots, for attention over window tokens).
+range; :class:`PerLayer` holds one bias per decoder layer (``LayerBias`` /
+``DecoderBias``: the types of a layer's and a decoder's bias). Also public:
+:func:`pop_inexact_rows` (rows the ``segment`` backend left inexact on an
+accelerator, for the training log) and :class:`SlotPattern` (``slots/``:
+sparse products over per-query key slots, for attention over window tokens).
 Nothing here imports optional CUDA packages.
 """
 from .backends import BACKENDS, UnsupportedAttentionError
-from .backends.segment import SlotPattern, pop_inexact_rows
-from .bias import (AttentionBias, BiasPart, DenseBias, KeyGrid, LowRankBias, SegmentBias, WindowBias,
-                   as_attention_bias, restrict_keys, window_stencil)
+from .backends.segment import pop_inexact_rows
+from .bias import (AttentionBias, BiasPart, DecoderBias, DenseBias, KeyGrid, LayerBias, LowRankBias, PerLayer,
+                   SegmentBias, WindowBias, as_attention_bias, restrict_keys, window_stencil)
 from .dispatch import apply_attention, select_backend
+from .slots import SlotPattern
 
 __all__ = [
-    'AttentionBias', 'BiasPart', 'DenseBias', 'KeyGrid', 'LowRankBias', 'SegmentBias', 'WindowBias',
-    'as_attention_bias', 'restrict_keys', 'window_stencil', 'apply_attention', 'select_backend', 'BACKENDS',
-    'UnsupportedAttentionError', 'pop_inexact_rows', 'SlotPattern'
+    'AttentionBias', 'BiasPart', 'DecoderBias', 'DenseBias', 'KeyGrid', 'LayerBias', 'LowRankBias', 'PerLayer',
+    'SegmentBias', 'WindowBias', 'as_attention_bias', 'restrict_keys', 'window_stencil', 'apply_attention',
+    'select_backend', 'BACKENDS', 'UnsupportedAttentionError', 'pop_inexact_rows', 'SlotPattern'
 ]

@@ -1,46 +1,27 @@
 """One entry point for biased multi-head attention: :func:`apply_attention`.
 
-``backend='auto'`` takes the first backend of a per-device preference list
-that can apply the given bias exactly and logs, once per kind of call, which
-one runs and why (logger ``'mmdet'``, so it lands in mmdet's log). An
-explicitly named backend that cannot apply the call raises
+It takes ``q`` ``[bs, heads, Q, d]``, ``k`` and ``v`` ``[bs, heads, K, d]`` and a bias
+(a tensor broadcastable to ``[bs, heads, Q, K]`` or an :class:`AttentionBias`) and returns
+``[bs, heads, Q, d]``. ``backend='auto'`` runs the first backend of a per-device
+preference list that can apply the call exactly and logs, once per kind of call, which
+one runs and why (logger ``'mmdet'``); :func:`select_backend` returns that choice. A
+named backend that cannot apply the call raises
 :class:`~.backends.UnsupportedAttentionError` listing the reasons.
 
-Preference (fastest exact first):
+Preference lists (only exact backends, each ending with ``math``, the fp32 reference):
 
-* no bias or only dense masks: CUDA ``flash_attn`` (no mask), ``sdpa``;
-  CPU ``sdpa``;
-* structured bias on CPU, small calls (``bs * heads * Q * K`` at most
-  :data:`DENSE_BIAS_MAX_ELEMENTS`, per bias kind and pass): ``sdpa`` with the
-  bias densified (``segment``'s fixed cost per call outweighs the dense bias
-  there; measured, see the constant);
-* structured bias on CPU, larger calls: ``segment`` (segment and window
-  biases), then ``flashbias`` (low-rank biases, and calls with dropout), ``sdpa``;
-* structured bias on CUDA: ``tiled_bias`` first (:data:`STRUCTURED_BIAS_FIRST`:
-  the bias computed inside the tiles of its Triton kernels, measured fastest
-  on an H200); where it cannot run a call (no Triton, a GPU older than Ampere,
-  dropout on the attention probabilities, a head dim above 128, a dense or
-  low-rank part) a local (window) bias through dense ``sdpa`` while
-  ``bs * heads * Q * K`` is at most
-  :data:`CUDA_DENSE_BIAS_MAX_ELEMENTS`, else ``segment``, ``flashbias``,
-  ``sdpa``; the global bias alone takes ``segment`` at every size.
+* no structured bias: CUDA ``flash_attn`` (no mask), ``sdpa``; elsewhere ``sdpa``;
+* structured bias, ``bs * heads * Q * K`` at most the device's size rule
+  (:func:`size_rule`; on CUDA for the local window bias only): ``sdpa`` with the bias
+  densified, where ``segment``'s fixed cost per call outweighs the dense bias;
+* structured bias, larger calls or no size rule: ``segment``, ``flashbias``, ``sdpa``;
+* before either, the device's :data:`STRUCTURED_BIAS_FIRST` (CUDA: ``tiled_bias``, the
+  bias computed inside the tiles of Triton kernels); where it cannot run a call (no
+  Triton, a GPU older than Ampere, dropout, a head dim above 128, a dense or low-rank
+  part) the log line says why and the list runs.
 
-Every list holds only exact backends, so choosing by size never drops a bias
-or runs an inexact path; :func:`select_backend` says which backend ``auto``
-runs and why (the reason names the size, the threshold and its key).
-
-``tiled_bias`` runs first only where :data:`STRUCTURED_BIAS_FIRST` names it
-for the device type: CUDA by default; on the CPU it needs Triton's
-interpreter, far slower than ``segment`` (the benchmarks' ``--prefer-backend``
-names any backend, for a measurement).
-
-``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures
-learned bias tensors has unverified gradients (pytorch/pytorch#162228) and
-shapes that were never traced here; it runs only when named explicitly.
-Every backend ``auto`` can pick on CUDA is traced on fake CUDA tensors by
-``tests/attention/test_fake_cuda.py``.
-
-``math`` (the fp32 reference) ends every list.
+``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures learned bias
+tensors has unverified gradients (pytorch/pytorch#162228); it runs only when named.
 """
 import logging
 import re
@@ -65,30 +46,22 @@ SMALL_ORDER = ('sdpa', ) + tuple(name for name in LARGE_ORDER if name != 'sdpa')
 #: the size rule: ``auto`` runs a structured bias through dense ``sdpa`` while the score matrix,
 #: ``bs * heads * Q * K`` elements, is at most this, per (bias kind, pass): ``'window'`` where the bias has a
 #: :class:`WindowBias` part (the local AQR bias), else ``'segment'`` (the global one); ``'fwdbwd'`` where autograd
-#: will differentiate the call, else ``'fwd'``. Above it ``segment`` (then ``flashbias``, ``sdpa``) as before.
+#: will differentiate the call, else ``'fwd'``. Above it :data:`LARGE_ORDER` runs.
 #: ``segment`` has a fixed cost per call (a fused kernel per key segment, the merge, the window slots, its custom
 #: backward) that only pays off against the dense bias, whose cost grows with ``Q * K``, beyond these sizes.
-#: Measured with ``tools/benchmark_attention.py --crossover`` (CPU fp32, 1 thread of a shared 2-core machine, 12
-#: queries x 312 keys up to R50's 900 x 22 384, table in docs/attention.md "auto by size"): dense sdpa is faster
-#: than segment up to about 6e4 (global bias, fwd+bwd), 2.5e5 (global, fwd), 1e6 (local, fwd+bwd) and 2e6 to 9e6
-#: (local, fwd) elements; each threshold is the power of two nearest its crossover. E.g. local fwd+bwd: 12 x 312
-#: keys (2 heads): segment 12.1x bias-free SDPA, sdpa 4.95x; 50 x 1 456 (4 heads): 1.99x vs 1.48x; 100 x 1 456:
-#: 1.34x vs 1.76x. Near a threshold the two differ by less than the measurement's spread (~10 %).
+#: Each threshold is the power of two nearest the CPU crossover of dense sdpa and segment found by
+#: ``tools/benchmark_attention.py --crossover`` (see docs/results.md).
 DENSE_BIAS_MAX_ELEMENTS = {
     ('segment', 'fwd'): 2**18,  # 262 144
     ('segment', 'fwdbwd'): 2**16,  # 65 536
     ('window', 'fwd'): 2**22,  # 4 194 304
     ('window', 'fwdbwd'): 2**20,  # 1 048 576
 }
-#: the size rule on CUDA, the local (window) bias only: measured on an NVIDIA H200 (torch 2.11, ``tools/
-#: benchmark_attention.py --crossover --device cuda``, table in docs/attention.md). Dense sdpa's cost grows with
-#: ``Q * K`` while ``segment`` pays a fixed cost per call and its window correction. fwd+bwd, 900 queries: sdpa
-#: 7.7-8.9x bias-free SDPA where segment is 26-29x (R50 keys, batch 1, float16: 1.6e8 elements), 10.8x vs 22.7x
-#: (R50, batch 2, float16: 3.2e8), but 17.2x vs 11.9x at VoV's 56 400 keys (batch 1, float16: 4.1e8) and 21.0x
-#: vs 9.5x (batch 2: 8.1e8); at the demo's sizes sdpa costs half of segment (5-10x vs 11-25x). The threshold lies
-#: between 3.2e8 and 4.1e8: 3 * 2**27. Forward only, sdpa was as fast or faster at every measured size (VoV batch
-#: 1: 4.0x vs 4.2x, batch 2: 4.7x vs 6.5x), so up to the largest measured, 8.1e8 (2**30; its dense float16 bias
-#: takes 2 GiB there).
+#: the size rule on CUDA, the local (window) bias only: dense sdpa's cost grows with ``Q * K`` while ``segment``
+#: pays a fixed cost per call and its window correction. fwd+bwd: the threshold is the GPU crossover of the two,
+#: between the R50 (batch 2) and VoV (batch 1) score sizes (``tools/benchmark_attention.py --crossover --device
+#: cuda``, see docs/results.md); forward only, dense sdpa is at least as fast as segment up to the largest size
+#: benchmarked (VoV, batch 2), hence 2**30 (its dense float16 bias takes 2 GiB).
 #: The global bias has no rule on CUDA (segment first): sdpa cannot differentiate it in half precision, and in
 #: float32 the faster of segment and sdpa changes with K rather than with the product.
 CUDA_DENSE_BIAS_MAX_ELEMENTS = {
@@ -99,11 +72,9 @@ CUDA_DENSE_BIAS_MAX_ELEMENTS = {
 SIZE_RULE_DEVICES = ('cpu', 'cuda')
 #: per device type, the backend ``auto`` tries first for every call with a structured bias (before the size rule's
 #: list; when it cannot run a call, the log line says why and the list runs); :func:`set_structured_bias_first`
-#: changes it (``tools/benchmark_*.py --prefer-backend``). CUDA: ``tiled_bias``, measured on an NVIDIA H200 (torch
-#: 2.11, float32, 900 queries, docs/gpu.md "Fourth run"): fwd+bwd 0.43-0.65x bias-free SDPA for the global and the
-#: local bias at R50 and VoV, batch 1 and 2, where segment took 0.75-1.69x and dense sdpa 1.10-1.51x; forward
-#: alone 0.74-1.51x (dense sdpa 1.23-1.38x, segment 1.04-2.73x); every whole-model row faster than with the size
-#: rule's choices (e.g. VoV training step 0.886x CMT instead of 1.172x), its accuracy rows in ``check_gpu`` ok
+#: changes it (``tools/benchmark_*.py --prefer-backend``). CUDA: ``tiled_bias``, faster than ``segment`` and dense
+#: ``sdpa`` on the GPU for the global and the local bias at R50 and VoV sizes, in training (fwd+bwd) and in every
+#: whole-model benchmark, with its accuracy checked by ``check_gpu`` (see docs/results.md)
 STRUCTURED_BIAS_FIRST = {'cuda': 'tiled_bias'}
 
 
@@ -284,24 +255,26 @@ def apply_attention(q: Tensor,
             to ``[bs, heads, Q, K]`` (bool: True = blocked; float: added to the
             scores), or a structured bias.
         key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
-        backend (str): ``'auto'``, ``'math'``, ``'sdpa'``, ``'segment'``,
-            ``'flashbias'``, ``'flex'`` or ``'flash_attn'``.
+        backend (str): ``'auto'`` (see the module docstring) or the name of
+            a registered backend (``BACKENDS``).
+            Backends: `auto`, `math`, `sdpa`, `segment`, `flashbias`, `flex`, `flash_attn`, `tiled_bias`.
         dropout_p (float): dropout on the attention probabilities (pass 0
             outside training).
         scale (float, optional): multiplier of ``q k^T``; default ``d ** -0.5``.
         prefer (str, optional): with ``backend='auto'``, a backend tried before
-            the preference list (``'flashbias'`` for ``use_flashbias=True``);
-            when it cannot apply the call exactly, the log line says why and
-            ``auto``'s choice runs.
+            the preference list; when it cannot apply the call exactly, the log
+            line says why and ``auto``'s choice runs.
 
     Returns:
         Tensor: ``[bs, heads, Q, d]`` in q's dtype. A query whose keys are all
         blocked gets 0.
 
     Raises:
-        ValueError: shapes, dtypes or devices disagree (the message names
-            them); ``UnsupportedAttentionError`` (a ValueError) when the named
-            backend cannot apply the bias, mask or dropout.
+        ValueError: an unknown ``backend`` or ``prefer``, ``prefer`` without
+            ``backend='auto'``, or shapes, dtypes or devices that disagree (the
+            message names them); ``UnsupportedAttentionError`` (a ValueError)
+            when the named backend cannot apply the bias, mask or dropout.
+        RuntimeError: with ``backend='auto'``, no backend can run the call.
     """
     if backend != 'auto' and backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose from {['auto'] + list(BACKENDS)}")

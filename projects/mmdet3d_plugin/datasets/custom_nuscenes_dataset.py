@@ -1,44 +1,27 @@
 """nuScenes dataset with the multi-view camera geometry CMT needs.
 
-Info file (``ann_file``, a pickle written by ``tools/create_data.py`` in the
-upstream CMT / mmdet3d format) -- the keys read here:
+Info file (``ann_file``, a pickle written by ``tools/create_data.py`` in the upstream CMT / mmdet3d format),
+the keys read here:
 
 * ``metadata.version`` (str): nuScenes version, e.g. ``'v1.0-trainval'``.
 * ``infos`` (list[dict]), one per key frame, each with
-    * ``token`` (str), ``timestamp`` (int, microseconds),
-    * ``lidar_path`` (str), ``sweeps`` (list[dict], read by mmdet3d's
-      ``LoadPointsFromMultiSweeps``: ``data_path``,
-      ``sensor2lidar_rotation``, ``sensor2lidar_translation``, ``timestamp``),
-    * ``cams`` (dict camera name -> dict) when the camera is used, each with
-      ``data_path`` (str), ``sensor2lidar_rotation`` ``[3, 3]``,
-      ``sensor2lidar_translation`` ``[3]``, ``cam_intrinsic`` ``[3, 3]`` and
-      optionally ``timestamp`` (int, microseconds),
-    * for training / evaluation (read by mmdet3d's ``get_ann_info``):
-      ``gt_boxes`` ``[N, 7]`` (box centre x, y, z, sizes along x, y, z, yaw,
-      as written by mmdet3d's converter), ``gt_names`` ``[N]``,
-      ``gt_velocity`` ``[N, 2]``, ``num_lidar_pts`` ``[N]``,
+    * ``token`` (str), ``timestamp`` (int, microseconds), ``lidar_path`` (str), ``sweeps`` (list[dict], read by
+      mmdet3d's ``LoadPointsFromMultiSweeps``: ``data_path``, ``sensor2lidar_rotation``,
+      ``sensor2lidar_translation``, ``timestamp``),
+    * ``cams`` (dict camera name -> dict) when the camera is used, each with ``data_path`` (str),
+      ``sensor2lidar_rotation`` ``[3, 3]``, ``sensor2lidar_translation`` ``[3]``, ``cam_intrinsic`` ``[3, 3]``
+      and optionally ``timestamp`` (int, microseconds),
+    * for training / evaluation (mmdet3d's ``get_ann_info``): ``gt_boxes`` ``[N, 7]`` (centre x, y, z, sizes
+      along x, y, z, yaw), ``gt_names`` ``[N]``, ``gt_velocity`` ``[N, 2]``, ``num_lidar_pts`` ``[N]``,
       ``valid_flag`` ``[N]`` (with ``use_valid_flag=True``),
-    * ``ego2global_*`` / ``lidar2ego_*`` are used by the nuScenes evaluation.
+    * ``ego2global_*`` / ``lidar2ego_*`` for the nuScenes evaluation.
 
-``get_data_info`` adds, per camera in the order of ``cams``:
-``camera_names`` (the ``cams`` keys, used by ``UnifiedObjectSample`` to pick
-each view's image patch), ``img_filename``, ``img_timestamp`` (s),
-``lidar2cam`` ``[4, 4]``,
-``cam_intrinsic`` ``[4, 4]``, ``lidar2img = cam_intrinsic @ lidar2cam``
-``[4, 4]``, and ``intrinsics`` / ``extrinsics``, which are the *same list
-objects* as ``cam_intrinsic`` / ``lidar2cam`` (so pipeline updates show in
-both names). It raises ``FileNotFoundError`` naming the sample and the file
-when the LiDAR file (with ``use_lidar``) or a camera image (with
-``use_camera``) is missing.
-
-Evaluation (``evaluate``, inherited from mmdet3d's ``NuScenesDataset``) runs
-the official devkit's ``DetectionEval`` and needs: ``data_root`` = the
-nuScenes root holding the ``<version>/`` tables the infos were made from
-(the version is read from the info file's ``metadata.version``, and its
-validation split -- ``val`` or ``mini_val`` -- is evaluated), ``classes``
-(the 10 detection classes by default), ``eval_version``
-(``'detection_cvpr_2019'`` by default) and the ``ego2global_*`` /
-``lidar2ego_*`` keys of every info.
+``get_data_info`` adds per camera (in the order of ``cams``) ``camera_names``, ``img_filename``,
+``img_timestamp`` (s), ``lidar2cam``, ``cam_intrinsic`` and ``lidar2img = cam_intrinsic @ lidar2cam`` (``[4, 4]``
+each), with ``intrinsics`` / ``extrinsics`` the same list objects as ``cam_intrinsic`` / ``lidar2cam``; it
+raises ``FileNotFoundError`` naming the sample and a missing LiDAR file or image. ``evaluate`` (mmdet3d's) runs
+the devkit's ``DetectionEval`` on the validation split (``val`` or ``mini_val``) of the info file's version,
+with ``data_root`` the nuScenes root holding its ``<version>/`` tables.
 """
 import os.path as osp
 from typing import IO, Dict, List, Optional, Union

@@ -1,38 +1,44 @@
-"""What tools/train.py and tools/test.py share: options, config loading, the device and the process group."""
-import argparse
+"""What tools/train.py and tools/test.py share: config loading, the work dir, the device and the process group.
+
+The tools parse their options with ``tools/cli/launch.py`` and hand the
+parsed namespace (any object with the attributes of :class:`LaunchOptions`) here.
+"""
 import importlib
 import os
 import os.path as osp
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.distributed as dist
-from mmcv import Config, DictAction
+from mmcv import Config
 from mmcv.runner import init_dist
 
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options both tools take: ``--seed``, ``--deterministic``, ``--cfg-options``, ``--launcher``, ``--local_rank``."""
-    parser.add_argument('--seed', type=int, default=0, help='random seed')
-    parser.add_argument('--deterministic', action='store_true', help='deterministic cuDNN kernels')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, e.g. data.samples_per_gpu=1')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
-                        help='job launcher (tools/dist_*.sh use pytorch)')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+from ..config_upgrade import upgrade_model_config
 
 
-def load_config(args: argparse.Namespace) -> Config:
-    """``args.config`` with ``args.cfg_options`` merged in, its plugin imported and ``LOCAL_RANK`` set."""
+class LaunchOptions(Protocol):
+    """The parsed options read here: the config file, its overrides, the process's local rank and the work dir."""
+
+    config: str
+    cfg_options: Optional[dict]
+    local_rank: int
+    work_dir: Optional[str]
+
+
+def load_config(args: LaunchOptions) -> Config:
+    """``args.config`` with ``args.cfg_options`` merged in, its model in current keys (``upgrade_model_config``
+    rewrites legacy keys), its plugin imported and ``LOCAL_RANK`` set."""
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
+    if 'model' in cfg:
+        cfg.model = upgrade_model_config(cfg.model)
     import_plugin(cfg, args.config)
     return cfg
 
 
-def resolve_work_dir(args: argparse.Namespace, cfg: Config) -> str:
+def resolve_work_dir(args: LaunchOptions, cfg: Config) -> str:
     """``--work-dir``, else the config's ``work_dir``, else ``./work_dirs/<config name>``; created if missing."""
     work_dir = args.work_dir or cfg.get('work_dir') or osp.join('./work_dirs',
                                                                  osp.splitext(osp.basename(args.config))[0])

@@ -1,31 +1,23 @@
 """Parameter-wise optimizer options in one parameter group per distinct set of options.
 
-With a ``paramwise_cfg`` (CMT's configs: the image backbone at ``lr_mult=0.01,
-decay_mult=5``, the image neck at ``lr_mult=0.1``) mmcv's
-``DefaultOptimizerConstructor`` gives **every parameter its own group**: 422
-groups for the R50 CMT, 441 for CMT-AQR, with three distinct sets of options
-among them. A PyTorch optimizer steps group by group, so every group costs a
-pass of Python and, on a GPU, its own kernel launches (AdamW's ``foreach``
-path runs about a dozen multi-tensor kernels per group, each over the one
-tensor of the group): thousands of tiny launches per training step, and every
-parameter tensor a model adds makes its optimizer step slower.
+With a ``paramwise_cfg`` (CMT's configs: the image backbone at ``lr_mult=0.01, decay_mult=5``, the image neck
+at ``lr_mult=0.1``) mmcv's ``DefaultOptimizerConstructor`` gives **every parameter its own group**: over 400
+groups for the R50 models, with three distinct sets of options among them. A PyTorch optimizer steps group by
+group, so every group costs a pass of Python and, on a GPU, its own kernel launches (AdamW's ``foreach`` path
+runs about a dozen multi-tensor kernels per group): thousands of tiny launches per training step.
 
-:class:`MergedParamGroupsOptimizerConstructor` gives every parameter the options
-``DefaultOptimizerConstructor`` gives it and then puts the parameters with
-equal options in one group (:func:`merge_param_groups`), in the order of first
-appearance, each group's parameters in the model's order. The update is the
-same: a group's options apply to each of its tensors independently (the
-optimizers mmcv builds update every tensor element-wise), so the parameters
-after any number of steps are identical to the per-parameter groups' (tested
-bit for bit). Learning-rate and momentum hooks set every group from its own
-``initial_lr`` and momentum, so merged groups stay merged.
+:class:`MergedParamGroupsOptimizerConstructor` gives every parameter the options ``DefaultOptimizerConstructor``
+gives it and then puts the parameters with equal options in one group (:func:`merge_param_groups`), in the
+order of first appearance, each group's parameters in the model's order. The update is the same: a group's
+options apply to each of its tensors independently (mmcv's optimizers update every tensor element-wise), so
+the parameters after any number of steps are identical to the per-parameter groups' (tested bit for bit).
+Learning-rate and momentum hooks set every group from its own ``initial_lr`` and momentum, so merged groups
+stay merged.
 
-A checkpoint saved with the per-parameter groups still resumes: a
-``load_state_dict`` pre-hook of the optimizer (:func:`regroup_optimizer_state`)
-renumbers its per-parameter state into the merged layout and checks that the
-groups it merges still hold equal options. A state saved in another merged
-layout (a changed ``paramwise_cfg``) is refused by PyTorch's own check of the
-group count.
+A checkpoint saved with the per-parameter groups still resumes: a ``load_state_dict`` pre-hook of the optimizer
+(:func:`regroup_optimizer_state`) renumbers its per-parameter state into the merged layout and checks that the
+groups it merges still hold equal options. A state saved in another merged layout (a changed
+``paramwise_cfg``) is refused by PyTorch's own check of the group count.
 """
 from functools import partial
 from itertools import accumulate

@@ -1,40 +1,27 @@
 """Race-free CPU sparse convolutions for spconv 2.3, on its CPU build and on its CUDA builds.
 
-spconv runs every CPU sparse convolution with the native algorithm (forward
-of ``SubMConv3d`` / ``SparseConv3d`` / inverse convolutions, and the backward
-of each) as gather -> matrix product -> scatter-add per kernel offset. Its
-compiled scatter-add (``GatherCPU::scatter_add``, ``spconv/csrc/sparse/gather.py``,
-exported as ``SpconvOps.scatter_add_cpu``) parallelises the rows with OpenMP
-(``tv::kernel_1d``) but declares the row pointers ``buf`` and ``out_ptr``
-*outside* the parallel lambda, which captures them by reference: all OpenMP
-threads share the two pointers. When a thread is preempted between setting
-them and adding the row (two threads on a loaded machine), another thread's
-pointers are used, so rows are added to the wrong output site or twice. The
-result is wrong by far more than rounding, intermittently and only under CPU
-contention. spconv's CPU wheel ships its own ``libgomp``, but its kernels call
-torch's (loaded first, into the global symbol scope), so ``OMP_NUM_THREADS``
-and ``torch.set_num_threads`` both set their thread count
+spconv runs every CPU sparse convolution with the native algorithm (forward and backward of ``SubMConv3d`` /
+``SparseConv3d`` / inverse convolutions) as gather -> matrix product -> scatter-add per kernel offset. Its
+compiled scatter-add (``GatherCPU::scatter_add``, exported as ``SpconvOps.scatter_add_cpu``) parallelises the
+rows with OpenMP but declares the row pointers ``buf`` and ``out_ptr`` *outside* the parallel lambda, which
+captures them by reference: all threads share the two pointers. When a thread is preempted between setting
+them and adding the row, another thread's pointers are used, so rows are added to the wrong output site or
+twice: wrong by far more than rounding, intermittently and only under CPU contention. spconv's kernels use
+torch's ``libgomp``, so ``OMP_NUM_THREADS`` and ``torch.set_num_threads`` set their thread count
 (``sparse_conv_check.spconv_openmp_threads``).
 
-CPU tensors reach that kernel by two routes, both behind the Python functions
-``spconv.pytorch.ops.indice_conv`` and ``indice_conv_backward`` that spconv's
-autograd functions call:
+CPU tensors reach that kernel by two routes, both behind ``spconv.pytorch.ops.indice_conv`` and
+``indice_conv_backward``, which spconv's autograd functions call:
 
-* the CPU build (``spconv``, ``GEMM_CPP is None``): a Python loop over the
-  kernel offsets that calls ``SpconvOps.scatter_add_cpu``;
-* the CUDA builds (``spconv-cu1xx``): ``ConvGemmOps.indice_conv`` /
-  ``indice_conv_backward`` in C++, whose CPU branch runs the same loop with
-  ``GatherCPU::scatter_add`` directly, where no Python patch reaches. (The
-  CUDA wheels read for this, cu118 / cu121 2.3.8 and cu120 2.3.6, are compiled
-  without OpenMP, so that loop runs on one thread there.)
+* the CPU build (``spconv``, ``GEMM_CPP is None``): a Python loop over the kernel offsets that calls
+  ``SpconvOps.scatter_add_cpu``;
+* the CUDA builds (``spconv-cu1xx``): ``ConvGemmOps.indice_conv`` / ``indice_conv_backward`` in C++, whose CPU
+  branch runs the same loop with ``GatherCPU::scatter_add`` directly, where no Python patch reaches.
 
-:func:`patch_spconv_cpu_scatter_add` therefore replaces the two shared entry
-points: CPU tensors go to :func:`cpu_indice_conv` /
-:func:`cpu_indice_conv_backward`, the same per-offset loop in torch ops whose
-scatter-add is :func:`scatter_add_rows` (gather the output rows, add, write
-them back: no shared state, torch's own threads); tensors on any other device
-go to spconv's own functions unchanged. :func:`is_spconv_cpu_scatter_add_patched`
-checks both entry points.
+:func:`patch_spconv_cpu_scatter_add` therefore replaces the two entry points: CPU tensors go to
+:func:`cpu_indice_conv` / :func:`cpu_indice_conv_backward`, the same per-offset loop in torch ops whose
+scatter-add is :func:`scatter_add_rows` (gather the output rows, add, write them back: no shared state); tensors
+on any other device go to spconv's own functions unchanged. :func:`is_spconv_cpu_scatter_add_patched` checks both.
 """
 import contextlib
 import functools

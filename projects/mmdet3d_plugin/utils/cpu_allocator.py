@@ -4,17 +4,15 @@ With glibc's defaults a block above the mmap threshold (128 KiB, raised
 dynamically up to 32 MiB) is mapped for each allocation and unmapped when
 freed, and the top of the heap is trimmed once 128 KiB of it are free. A
 training step on the CPU frees and allocates again hundreds of activations of
-megabytes, so every step faults their pages in anew (millions of minor page
-faults per R50 step), and how many depends on how the previous step left the
-heap: on two CPU cores the same CMT-AQR / CMT step ratio measured anywhere
-from 1.07 to 1.19, with parts whose code is identical in both models (the
-image backbone) differing by 200 ms. :func:`keep_freed_memory` serves blocks
-up to 1 GiB from the heap and never trims it, so a step reuses the memory of
-the step before: what the jemalloc or tcmalloc that PyTorch's CPU tuning
-guide recommends also do. The process keeps its peak resident memory instead
+megabytes, so every step faults their pages in anew, and how many depends on
+how the previous step left the heap: step times then vary from run to run,
+even for parts whose code is identical in two models (the image backbone).
+:func:`keep_freed_memory` serves blocks up to 1 GiB from the heap and never
+trims it, so a step reuses the memory of the step before: what the jemalloc or
+tcmalloc that PyTorch's CPU tuning guide recommends also do. The process keeps its peak resident memory instead
 of returning memory between steps. The same settings from the environment,
 for any command: ``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456
-MALLOC_TRIM_THRESHOLD_=68719476736`` (docs/performance.md).
+MALLOC_TRIM_THRESHOLD_=68719476736``.
 """
 import ctypes
 import ctypes.util
@@ -25,7 +23,7 @@ M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 #: blocks up to this size come from the heap: 1 GiB, every activation of the R50 / VoV steps (glibc 2.36 accepts
-#: it, measured; a glibc that refuses it gets :data:`FALLBACK_MMAP_THRESHOLD`)
+#: it; a glibc that refuses it gets :data:`FALLBACK_MMAP_THRESHOLD`)
 MMAP_THRESHOLD = 1024**3
 #: the largest mmap threshold older glibc accept on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``)
 FALLBACK_MMAP_THRESHOLD = 32 * 1024**2

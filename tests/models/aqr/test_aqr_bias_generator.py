@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.attention import AttentionBias, SegmentBias, WindowBias, apply_attention
+from projects.mmdet3d_plugin.attention import AttentionBias, PerLayer, SegmentBias, WindowBias, apply_attention
 from projects.mmdet3d_plugin.models.aqr import AttentionBiasGenerator, weights_to_bias
 
 BEV_SHAPE = (6, 7)
@@ -127,7 +127,7 @@ def test_options_per_head_per_layer_learned_mapping_and_fp16():
     generator = AttentionBiasGenerator(use_local_bias=False, per_head=True, num_heads=4, per_layer=True,
                                        num_layers=3, learned_mapping=True)
     biases = generator(lidar, camera, info, BEV_SHAPE, CAMERA_SHAPE)
-    assert isinstance(biases, list) and len(biases) == 3
+    assert isinstance(biases, PerLayer) and len(biases) == 3
     assert all(b.num_heads == 4 for b in biases)
     # learned mapping starts equal to the linear mapping, so every head and layer agrees at init
     assert torch.allclose(biases[0].to_dense()[:, 0, :, 0], weights_to_bias(lidar, 1.0))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from projects.mmdet3d_plugin.models.aqr.projection import bev_cells, project_reference_points
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 
 
 def _project(rig, metas, points, bev_shape=(8, 8), camera_shape=None):
@@ -13,7 +14,8 @@ def _project(rig, metas, points, bev_shape=(8, 8), camera_shape=None):
         ref = ref[None]
     num_views = len(metas[0]['lidar2img'])
     camera_shape = camera_shape or (num_views, 4, 6)
-    return project_reference_points(ref, rig['pc_range'], bev_shape, camera_shape, metas)
+    geometry = CameraGeometry.from_metas(metas)
+    return project_reference_points(ref, rig['pc_range'], bev_shape, camera_shape, geometry)
 
 
 def test_point_in_front_camera_maps_to_hand_computed_cells(rig):
@@ -94,7 +96,7 @@ def test_single_image_shape_for_all_views_is_accepted(rig):
 def test_batch_uses_each_samples_own_matrices(rig):
     metas = [rig['meta']([rig['front']()]), rig['meta']([rig['back']()])]
     ref = torch.tensor(rig['normalise']([[4.0, 0.0, 0.0]]), dtype=torch.float32)[None].repeat(2, 1, 1)
-    info = project_reference_points(ref, rig['pc_range'], (8, 8), (1, 4, 6), metas)
+    info = project_reference_points(ref, rig['pc_range'], (8, 8), (1, 4, 6), CameraGeometry.from_metas(metas))
     assert info['visible'].tolist() == [[True], [False]]
     assert info['pts_pers_idx'].tolist() == [[[0, 2, 3]], [[-1, -1, -1]]]
 
@@ -107,15 +109,15 @@ def test_bev_cells_x_is_column_y_is_row_and_clamped():
 
 
 def test_bad_inputs_raise_clear_errors(rig):
-    ref = torch.rand(1, 3, 3)
+    ref, front = torch.rand(1, 3, 3), [rig['meta']([rig['front']()])]
     with pytest.raises(KeyError, match='lidar2img'):
-        project_reference_points(ref, rig['pc_range'], (8, 8), (1, 4, 6), [dict(img_shape=(32, 48, 3))])
+        CameraGeometry.from_metas([dict(img_shape=(32, 48, 3))])
     with pytest.raises(ValueError, match='views'):
-        project_reference_points(ref, rig['pc_range'], (8, 8), (2, 4, 6), [rig['meta']([rig['front']()])])
+        project_reference_points(ref, rig['pc_range'], (8, 8), (2, 4, 6), CameraGeometry.from_metas(front))
     with pytest.raises(ValueError, match='img_metas'):
-        project_reference_points(ref, rig['pc_range'], (8, 8), (1, 4, 6), [rig['meta']([rig['front']()])] * 2)
+        project_reference_points(ref, rig['pc_range'], (8, 8), (1, 4, 6), CameraGeometry.from_metas(front * 2))
     with pytest.raises(ValueError, match='pc_range'):
-        project_reference_points(ref, [0, 0, 0, 1, 1], (8, 8), (1, 4, 6), [rig['meta']([rig['front']()])])
+        project_reference_points(ref, [0, 0, 0, 1, 1], (8, 8), (1, 4, 6), CameraGeometry.from_metas(front))
     with pytest.raises(ValueError, match='reference_points'):
         project_reference_points(torch.rand(1, 3, 2), rig['pc_range'], (8, 8), (1, 4, 6),
-                                 [rig['meta']([rig['front']()])])
+                                 CameraGeometry.from_metas(front))

@@ -5,6 +5,7 @@ import torch
 
 from projects.mmdet3d_plugin.models.aqr import AQRWeightGenerator
 from projects.mmdet3d_plugin.models.aqr.aux_loss import modality_drop_flags, routing_loss
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 
 EMBED = 32
 
@@ -18,7 +19,7 @@ def _inputs(rig, bs=2, num_queries=5, views=2, bev=(8, 8), feat=(4, 6)):
         reference_points=reference[None].expand(bs, -1, -1).clone(),
         bev_feat=torch.randn(bs, EMBED, *bev),
         img_feat=torch.randn(bs * views, EMBED, *feat),
-        img_metas=metas,
+        geometry=CameraGeometry.from_metas(metas),
         pc_range=rig['pc_range'],
         bev_pos=torch.randn(bev[0] * bev[1], EMBED),
         img_pos=torch.randn(bs * views, feat[0], feat[1], EMBED))

@@ -10,6 +10,7 @@ from test_image_aux_head import IMAGE_HEAD, gts
 from projects.mmdet3d_plugin.models.aqr.bias_generator import AttentionBiasGenerator
 from projects.mmdet3d_plugin.models.aqr.projection import project_reference_points
 from projects.mmdet3d_plugin.models.dense_heads.camera_window_prior import CameraWindowPrior
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 
 PRIOR = dict(window_size=5, bias=4.0)
 # two views of a 64 x 96 image, feature maps 8 x 12 (stride 8); the camera looks along +x (view 1) or -x (view 0):
@@ -19,6 +20,7 @@ FRONT = np.array([[CX, -F, 0, 0], [CY, 0, -F, 0], [1, 0, 0, 0], [0, 0, 0, 1]], d
 BACK = np.array([[-CX, F, 0, 0], [-CY, 0, -F, 0], [-1, 0, 0, 0], [0, 0, 0, 1]], dtype=np.float64)
 CAMERA_SHAPE = (2, 8, 12)
 META = dict(lidar2img=[BACK, FRONT], img_shape=[(64, 96, 3)] * 2, pad_shape=[(64, 96, 3)] * 2)
+GEOMETRY = CameraGeometry.from_metas([META])
 
 
 def normalised(points):
@@ -58,7 +60,7 @@ def test_bias_is_the_decaying_window_around_the_projected_cell_and_zero_elsewher
     # (4, 0, 0) -> view 1 pixel (48, 32) -> cell (4, 6); (-2, 4, 0) -> view 0 pixel (64, 32) -> cell (4, 8);
     # (0, 5, 0) has depth 0 in both views: visible in none
     ref = normalised([[[4.0, 0.0, 0.0], [-2.0, 4.0, 0.0], [0.0, 5.0, 0.0]]])
-    bias = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, [META])
+    bias = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, GEOMETRY)
     assert bias.num_keys == 2 * 8 * 12
     dense = bias.to_dense()[0, 0].view(3, 2, 8, 12)  # [Q, view, h, w]
     for query, (view, row, col) in enumerate([(1, 4, 6), (0, 4, 8)]):
@@ -74,7 +76,7 @@ def test_bias_is_the_decaying_window_around_the_projected_cell_and_zero_elsewher
 def test_window_is_clipped_at_the_border_of_the_view():
     # (2, 11.5, 0) -> view 1 pixel (48 - 46, 32) = (2, 32) -> cell (4, 0); behind view 0
     ref = normalised([[[2.0, 11.5, 0.0]]])
-    dense = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, [META]).to_dense()[0, 0, 0].view(2, 8, 12)
+    dense = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, GEOMETRY).to_dense()[0, 0, 0].view(2, 8, 12)
     assert dense[0].abs().sum() == 0
     torch.testing.assert_close(dense[1, 4, :3], torch.tensor([4.0, 2.4, 0.8]))
     assert dense[1].count_nonzero() == 13, 'the 21 cells of the decaying window minus the 8 left of column 0'
@@ -84,11 +86,11 @@ def test_prior_equals_the_camera_part_of_aqr_local_bias_for_a_constant_weight():
     """camera weight 0.9, bias_scale 5: (0.9 - 0.5) * 2 * 5 = 4, the same window, the same keys."""
     ref = normalised([[[4.0, 0.0, 0.0], [-2.0, 4.0, 0.0], [0.0, 5.0, 0.0], [3.0, -1.0, 1.0]]])
     bev_shape, num_bev = (6, 5), 30
-    info = project_reference_points(ref, PC_RANGE, bev_shape, CAMERA_SHAPE, [META])
+    info = project_reference_points(ref, PC_RANGE, bev_shape, CAMERA_SHAPE, GEOMETRY)
     weights = torch.full((1, 4), 0.9)
     generator = AttentionBiasGenerator(window_size=5, bias_scale=5.0, learnable_scale=False)
     aqr = generator(weights, weights, info, bev_shape, CAMERA_SHAPE).restrict_keys(num_bev, num_bev + 2 * 8 * 12)
-    prior = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, [META])
+    prior = CameraWindowPrior(**PRIOR)(ref, PC_RANGE, CAMERA_SHAPE, GEOMETRY)
     assert prior.to_dense().abs().sum() > 0
     torch.testing.assert_close(prior.to_dense(), aqr.to_dense())
 
@@ -101,11 +103,11 @@ def test_attention_applies_the_structured_bias_exactly(backend, cmt_test_data):
     for layer in head.transformer.decoder.layers:
         layer.attentions[1].attn.backend = backend
     _, img = features()
-    img_metas = cmt_test_data['make_img_metas'](2)
+    geometry = CameraGeometry.from_metas(cmt_test_data['make_img_metas'](2))
     reference_points = head.reference_points.weight[None].expand(2, -1, -1)
-    query_embed = head.positions.queries(reference_points, img_metas)
-    rv_pos = head.positions.frustum(img, img_metas)
-    bias = head.camera_aids.window_prior_bias(reference_points, img, img_metas)()
+    query_embed = head.positions.queries(reference_points, geometry)
+    rv_pos = head.positions.frustum(img, geometry)
+    bias = head.camera_aids.window_prior_bias(reference_points, img, geometry)()
     assert bias.num_keys == 2 * 4 * 10 and bias.to_dense().abs().sum() > 0
     structured, dense, unbiased = (head.transformer(None, img, query_embed, None, rv_pos, cross_attn_bias=cross)[0]
                                    for cross in (bias, bias.to_dense(), None))

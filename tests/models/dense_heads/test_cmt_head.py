@@ -4,6 +4,7 @@ import torch
 from mmdet.models.builder import build_head
 
 import projects.mmdet3d_plugin  # noqa: F401
+from projects.mmdet3d_plugin.config_upgrade import upgrade_model_config
 from projects.mmdet3d_plugin.models.dense_heads import CmtHead
 from projects.mmdet3d_plugin.models.dense_heads.head_outputs import HeadOutputs
 
@@ -35,7 +36,7 @@ def head_cfg(head_type='CmtHead', transformer_type='CmtTransformer', grid_size=(
         loss_cls=dict(type='FocalLoss', use_sigmoid=True, gamma=2, alpha=0.25, loss_weight=2.0),
         loss_bbox=dict(type='L1Loss', loss_weight=0.25))
     cfg.update(kwargs)
-    head = build_head(cfg)
+    head = build_head(upgrade_model_config(cfg, 'pts_bbox_head'))
     head.init_weights()
     return head
 
@@ -56,7 +57,7 @@ def test_cross_attention_bias_reaches_every_decoder_layer(cmt_test_data):
     img_metas = metas(cmt_test_data)
     num_bev = bev.shape[-2] * bev.shape[-1]
 
-    def block_camera(reference_points, query_embed, memory, img_metas, num_dn, oracle):
+    def block_camera(reference_points, query_embed, memory, img_metas, geometry, num_dn, oracle):
         img_feat = memory.img_feat
         num_camera = img_feat.shape[0] // bev.shape[0] * img_feat.shape[2] * img_feat.shape[3]
         mask = torch.zeros(reference_points.shape[1], num_bev + num_camera, dtype=torch.bool)

@@ -8,6 +8,7 @@ import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.models.utils.camera_blanking import (FusedBlankViews, black_camera_images,
                                                                   blank_camera_views, replace_sample_views,
                                                                   with_dropped_images)
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 from test_cmt_head import features, head_cfg
 
 AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
@@ -97,13 +98,15 @@ def test_camera_depth_position_lifts_the_black_views_at_their_own_depth(cmt_test
     labels = [torch.tensor([0, 3]), torch.tensor([1])]
     depth_inputs, frustum_inputs = [], []
     token_depth_pos_embed, frustum_pos_embed = head.positions.token_depth, head.positions.frustum
-    head.positions.token_depth = lambda depth, metas: depth_inputs.append(depth) or token_depth_pos_embed(depth, metas)
-    head.positions.frustum = lambda feat, metas: frustum_inputs.append(feat) or frustum_pos_embed(feat, metas)
+    head.positions.token_depth = lambda depth, geometry: (depth_inputs.append(depth)
+                                                          or token_depth_pos_embed(depth, geometry))
+    head.positions.frustum = lambda feat, geometry: frustum_inputs.append(feat) or frustum_pos_embed(feat, geometry)
     preds, _, _ = decode(head, bev, img, img_metas, boxes, labels, FusedBlankViews((False, True), black))
     real_depth, fused_depth = depth_inputs
     assert len(frustum_inputs) == 1, 'the black views keep the frustum embedding of the real ones'
     with torch.no_grad():  # in training mode, as the head ran it: BatchNorm on the statistics of both batches
-        expected_depth = head.image_aux_head(torch.cat((img, black)), img_metas + img_metas[1:]).depth[:, 0]
+        geometry = CameraGeometry.from_metas(img_metas + img_metas[1:])
+        expected_depth = head.image_aux_head(torch.cat((img, black)), img_metas + img_metas[1:], geometry).depth[:, 0]
     torch.testing.assert_close(real_depth, expected_depth[:4])
     torch.testing.assert_close(fused_depth, torch.cat((expected_depth[:2], expected_depth[4:])))
     image_aux = preds.image_aux

@@ -17,6 +17,7 @@ from projects.mmdet3d_plugin.models.dense_heads.pass_plan import (FUSED, MODALIT
                                                                   trained_samples)
 from projects.mmdet3d_plugin.models.utils import CmtTransformer, petr_attention
 from projects.mmdet3d_plugin.models.utils.camera_blanking import blank_camera_views
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 from test_cmt_head import LAYERS, features, head_cfg
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -209,7 +210,8 @@ def test_camera_window_prior_biases_the_camera_pass_only(cmt_test_data, monkeypa
     pad_size = preds.dn_queries.pad_size
     reference_points = torch.cat([preds.dn_queries.reference_points,
                                   head.reference_points.weight[None].expand(2, -1, -1)], dim=1)
-    expected = head.camera_aids.window_prior_bias(reference_points, img, img_metas)().to_dense()
+    expected = head.camera_aids.window_prior_bias(reference_points, img,
+                                                  CameraGeometry.from_metas(img_metas))().to_dense()
     num_bev = bev.shape[-2] * bev.shape[-1]
     for layer in range(LAYERS):
         fused, lidar, camera = (recorder.calls[layer + LAYERS * i][1].to_dense() for i in range(3))
@@ -344,9 +346,9 @@ def test_bad_modality_passes_raise():
     ):
         with pytest.raises(error, match=message):
             head_cfg(modality_passes=passes)
-    with pytest.raises(ValueError, match=r"CmtLidarHead: CmtHead\(modalities=\('lidar',\)\) decodes BEV tokens only"):
+    with pytest.raises(ValueError, match=r"CmtHead\(modalities=\('lidar',\)\) decodes BEV tokens only"):
         head_cfg('CmtLidarHead', 'CmtLidarTransformer', modality_passes=('fused', 'camera'))
-    with pytest.raises(ValueError, match=r"CmtImageHead: .* decodes camera tokens only"):
+    with pytest.raises(ValueError, match=r"CmtHead\(modalities=\('camera',\)\) decodes camera tokens only"):
         head_cfg('CmtImageHead', 'CmtImageTransformer', modality_passes=('fused', 'camera'))
 
 

@@ -45,7 +45,7 @@ def test_targets_of_a_constructed_sample_and_gradient_reaching_only_the_router(c
     assert objects == {0, 1, 2}, 'every object is matched in its task'
     generator = head.aqr_weight_generator
     losses = generator.query_loss(routing.lidar_weights, routing.camera_weights, matched, [boxes.gravity_center],
-                                  [num_points], [meta])
+                                  [num_points], [meta], routing.geometry)
     # the targets the loss used: recompute them as the constructed truth says
     expected = {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (1.0, 0.0)}
     for task in matched[0]:

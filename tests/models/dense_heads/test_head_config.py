@@ -1,5 +1,5 @@
-"""upgrade_head_config: upstream CMT's flat head options, the CMT -> CMT-AQR recipe and the registry aliases
-build CmtHead through one translation into its sub-configs."""
+"""config_upgrade.upgrade_head_config: upstream CMT's flat head options, the CMT -> CMT-AQR recipe and the legacy
+registry names become CmtHead's sub-configs."""
 import copy
 import logging
 
@@ -9,7 +9,7 @@ from mmdet.models.builder import build_head
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.models.dense_heads import CmtHead
-from projects.mmdet3d_plugin.models.dense_heads.head_config import GROUPS, upgrade_head_config
+from projects.mmdet3d_plugin.config_upgrade.head import upgrade_head_config
 from test_cmt_head import head_cfg
 
 AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
@@ -26,14 +26,13 @@ UPSTREAM = dict(type='CmtHead', in_channels=512, hidden_dim=256, num_query=900, 
 def test_upstream_flat_keys_are_grouped_into_the_sub_configs():
     upgraded = upgrade_head_config(UPSTREAM)
     assert set(upgraded) == {'type', 'in_channels', 'hidden_dim', 'num_query', 'depth_num', 'downsample_scale',
-                             'transformer', 'bbox_coder', 'train_cfg', 'test_cfg'} | set(GROUPS)
+                             'transformer', 'bbox_coder', 'train_cfg', 'test_cfg', 'task_heads', 'losses',
+                             'denoising'}
     assert upgraded['type'] == 'CmtHead'
     assert upgraded['denoising'] == dict(scalar=10, noise_scale=1.0, noise_trans=0.0, split=0.75, dn_weight=1.0)
     assert upgraded['task_heads'] == dict(tasks=UPSTREAM['tasks'], common_heads=UPSTREAM['common_heads'],
                                           separate_head=UPSTREAM['separate_head'])
     assert upgraded['losses'] == dict(loss_cls=UPSTREAM['loss_cls'], loss_bbox=UPSTREAM['loss_bbox'])
-    assert upgraded['passes'] == dict(modalities=('lidar', 'camera'))
-    assert upgraded['routing'] == upgraded['camera_aids'] == {}
     assert upgrade_head_config(upgraded) == upgraded, 'the grouped form is its own upgrade'
     assert UPSTREAM['type'] == 'CmtHead' and 'scalar' in UPSTREAM, 'the given config is not changed'
 
@@ -44,14 +43,14 @@ def test_the_aqr_recipe_and_the_options_of_this_repository_move_into_their_parts
                    camera_window_prior=dict(window_size=5, bias=4.0), fused_image_drop_prob=0.25)
     upgraded = upgrade_head_config(dict(UPSTREAM, **AQR, **options))
     assert upgraded['routing'] == AQR
-    assert upgraded['passes'] == dict(modalities=('lidar', 'camera'), modality_passes=('fused', 'camera'),
-                                      pass_decoders='separate', lidar_free_pass='camera')
+    assert upgraded['passes'] == dict(modality_passes=('fused', 'camera'), pass_decoders='separate',
+                                      lidar_free_pass='camera')
     assert upgraded['camera_aids'] == dict(image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True,
                                            camera_window_prior=dict(window_size=5, bias=4.0),
                                            fused_image_drop_prob=0.25)
 
 
-def test_the_registry_names_build_the_same_head_from_either_form():
+def test_flat_grouped_and_legacy_names_build_the_same_head():
     torch.manual_seed(0)
     flat = head_cfg(modality_passes=('fused', 'lidar'), **AQR)
     grouped_cfg = upgrade_head_config(dict(type='CmtHead', modality_passes=('fused', 'lidar'), **AQR))
@@ -69,14 +68,15 @@ def test_old_only_options_warn_or_raise_with_their_names(caplog):
         upgrade_head_config(dict(UPSTREAM, loss_heatmap=dict(type='GaussianFocalLoss')))
     with caplog.at_level(logging.INFO, logger='mmdet'):
         upgraded = upgrade_head_config(dict(UPSTREAM, enable_aqr=False, **AQR))
-    assert upgraded['routing'] == {} and 'enable_aqr=False, so aqr_config, attention_bias_config' in caplog.text
+    assert upgraded['routing'] == {}
+    assert 'enable_aqr=False -> removed, plain CMT; not built: aqr_config, attention_bias_config' in caplog.text
     assert upgrade_head_config(dict(UPSTREAM, enable_aqr=True, **AQR))['routing'] == AQR
     for options, message in (
             (dict(norm_bbox=False), 'norm_bbox=False is not supported'),
             (dict(init_cfg=dict(type='Kaiming')), 'init_cfg must be None'),
             (dict(enable_aqr=True), 'enable_aqr=True needs aqr_config'),
             (dict(enable_aqr='yes'), 'enable_aqr must be True, False or None'),
-            (dict(aqr_bias_strength=2.0), 'aqr_bias_strength .* use attention_bias_config'),
+            (dict(aqr_bias_strength=2.0), r'aqr_bias_strength is a legacy key; use routing=dict\(attention_bias'),
             (dict(type='CmtRadarHead'), "unknown CMT head type 'CmtRadarHead'"),
             (dict(scalar=5, denoising=dict(scalar=10)), 'scalar is given both flat and in denoising'),
             (dict(type='CmtLidarHead', passes=dict(modalities=('camera', ))), 'contradicts it'),

@@ -5,6 +5,7 @@ from mmdet3d.core.bbox import LiDARInstance3DBoxes
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.models.dense_heads.image_aux_head import ImageAuxHead
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 from test_cmt_head import C, features, head_cfg
 from test_cmt_head_modality_passes import REFERENCE, fused_pass_outputs
 
@@ -103,11 +104,11 @@ def test_camera_depth_position_lifts_the_tokens_at_the_predicted_depth(cmt_test_
     img_metas = cmt_test_data['make_img_metas'](2)
     depths = []
     token_depth = head.positions.token_depth
-    monkeypatch.setattr(head.positions, 'token_depth', lambda depth, metas: depths.append(depth) or
-                        token_depth(depth, metas))
+    monkeypatch.setattr(head.positions, 'token_depth', lambda depth, geometry: depths.append(depth) or
+                        token_depth(depth, geometry))
     with torch.no_grad():
         head([bev], [img], img_metas)
-        expected = head.image_aux_head(img, img_metas).depth[:, 0]
+        expected = head.image_aux_head(img, img_metas, CameraGeometry.from_metas(img_metas)).depth[:, 0]
     assert len(depths) == 1
     torch.testing.assert_close(depths[0], expected, rtol=0, atol=0)
 
@@ -140,13 +141,14 @@ def test_aux_head_alone_fits_a_batch(cmt_test_data):
     torch.manual_seed(0)
     boxes, labels = gts()
     img_metas = cmt_test_data['make_img_metas'](2)
+    geometry = CameraGeometry.from_metas(img_metas)
     aux = ImageAuxHead(in_channels=C, num_classes=5, feat_channels=16)
     aux.init_weights()
     feat = torch.randn(4, C, 4, 10)
     optimizer = torch.optim.Adam(aux.parameters(), lr=0.02)
     first = None
     for _ in range(60):
-        losses = aux.loss(aux(feat, img_metas), boxes, labels)
+        losses = aux.loss(aux(feat, img_metas, geometry), boxes, labels)
         first = first or {key: value.item() for key, value in losses.items()}
         optimizer.zero_grad()
         sum(losses.values()).backward()

@@ -4,9 +4,10 @@ import torch
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.attention import AttentionBias
-from projects.mmdet3d_plugin.models.aqr.feature_modulation import BiasModulation, FeatureModulation
+from projects.mmdet3d_plugin.models.aqr import AttentionBiasGenerator
 from projects.mmdet3d_plugin.models.dense_heads.pass_plan import DecoderMemory
 from projects.mmdet3d_plugin.models.dense_heads.query_router import QueryRouter, routing_mode
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 from test_cmt_head import C, PC_RANGE, head_cfg
 
 ROUTING = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
@@ -27,24 +28,26 @@ def build(decoder, routing=ROUTING, fusion=True):
 def inputs(cmt_test_data):
     memory = DecoderMemory(torch.randn(BS, C, 4, 5), torch.randn(20, C), torch.randn(BS * 2, C, 4, 6),
                            torch.randn(BS * 2, 4, 6, C))
-    return torch.rand(BS, NUM_DN + Q, 3), torch.randn(BS, NUM_DN + Q, C), memory, cmt_test_data['make_img_metas'](BS)
+    metas = cmt_test_data['make_img_metas'](BS)
+    geometry = CameraGeometry.from_metas(metas)
+    return torch.rand(BS, NUM_DN + Q, 3), torch.randn(BS, NUM_DN + Q, C), memory, metas, geometry
 
 
 def test_without_aqr_config_the_memory_passes_unchanged(decoder, cmt_test_data):
     router = build(decoder, None)
     assert not router.enabled and not router.needs_gt_point_counts and not router.uses_oracle(dict(aqr_routing='oracle'))
     assert router.modules == dict(aqr_weight_generator=None, attention_bias_generator=None)
-    reference_points, query_embed, memory, metas = inputs(cmt_test_data)
-    assert router.route(reference_points, query_embed, memory, metas, NUM_DN) == (memory, None)
+    reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
+    assert router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN) == (memory, None)
     assert router.loss(None, None, [], None) == {}
 
 
 def test_route_biases_the_matching_queries_and_leaves_the_features(decoder, cmt_test_data):
     router = build(decoder)
     assert list(router.modules) == ['aqr_weight_generator', 'attention_bias_generator']
-    assert isinstance(router.modulation, BiasModulation) and not router.modulates_features
-    reference_points, query_embed, memory, metas = inputs(cmt_test_data)
-    routed, routing = router.route(reference_points, query_embed, memory, metas, NUM_DN)
+    assert isinstance(router.bias_generator, AttentionBiasGenerator) and not router.modulates_features
+    reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
+    routed, routing = router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN)
     assert routed.bev_feat is memory.bev_feat and routed.img_feat is memory.img_feat
     assert routing.lidar_weights.shape == routing.camera_weights.shape == (BS, Q)
     bias = routed.cross_attn_bias
@@ -57,26 +60,27 @@ def test_route_biases_the_matching_queries_and_leaves_the_features(decoder, cmt_
 def test_legacy_feature_modulation_is_its_own_part_and_gives_no_bias(decoder, cmt_test_data):
     router = build(decoder, dict(aqr_config=ROUTING['aqr_config'], modulation='feature',
                                  weight_renderer_config=dict(type='WeightRenderer', kernel='window', window_size=3)))
-    assert isinstance(router.modulation, FeatureModulation) and router.modulates_features
+    assert router.bias_generator is None and router.modulates_features
     assert list(router.modules) == ['aqr_weight_generator', 'attention_bias_generator', 'weight_renderer',
                                     'feature_modulator']
-    reference_points, query_embed, memory, metas = inputs(cmt_test_data)
-    routed, routing = router.route(reference_points, query_embed, memory, metas, NUM_DN)
+    reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
+    routed, routing = router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN)
     assert routed.cross_attn_bias is None and routed.bev_pos is memory.bev_pos
-    maps = router.modulation.weight_renderer(routing.lidar_weights, routing.camera_weights, routing.projection_info,
-                                             (4, 5), (2, 4, 6))
-    torch.testing.assert_close(routed.bev_feat, router.modulation.feature_modulator(memory.bev_feat, maps[0]))
-    torch.testing.assert_close(routed.img_feat, router.modulation.feature_modulator(memory.img_feat, maps[1]))
+    legacy = router.feature_modulation
+    maps = legacy.weight_renderer(routing.lidar_weights, routing.camera_weights, routing.projection_info, (4, 5),
+                                  (2, 4, 6))
+    torch.testing.assert_close(routed.bev_feat, legacy.feature_modulator(memory.bev_feat, maps[0]))
+    torch.testing.assert_close(routed.img_feat, legacy.feature_modulator(memory.img_feat, maps[1]))
 
 
 def test_the_oracle_reads_the_points_and_the_test_routing_is_checked(decoder, cmt_test_data):
     router = build(decoder)
     assert router.uses_oracle(dict(aqr_routing='oracle')) and not router.uses_oracle(None)
-    reference_points, query_embed, memory, metas = inputs(cmt_test_data)
+    reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
     with pytest.raises(KeyError, match="no 'lidar_points'"):
-        router.route(reference_points, query_embed, memory, metas, NUM_DN, oracle=True)
+        router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle=True)
     metas = [dict(meta, lidar_points=torch.zeros(1, 3)) for meta in metas]
-    _, routing = router.route(reference_points, query_embed, memory, metas, NUM_DN, oracle=True)
+    _, routing = router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle=True)
     assert set(torch.cat([routing.lidar_weights, routing.camera_weights]).unique().tolist()) <= {0.0, 1.0}
     with pytest.raises(ValueError, match=r"test_cfg\['aqr_routing'\] must be one of"):
         routing_mode(dict(aqr_routing='best'))

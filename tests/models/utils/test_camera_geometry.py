@@ -1,8 +1,9 @@
-"""``stack_img2lidar``: the camera matrices' inverses made on the host, equal to the device inversion they replace."""
+"""``CameraGeometry``: a batch's cameras read from its metas, the inverses made on the host equal to the device
+inversion they replace."""
 import numpy as np
 import torch
 
-from projects.mmdet3d_plugin.models.utils.camera_geometry import stack_img2lidar, stack_lidar2img
+from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry, pad_shape_hw, stack_lidar2img
 
 
 #: a lidar2img of a ``make demo`` training sample (a level synthetic camera after the pipeline's augmentation):
@@ -26,8 +27,24 @@ def test_img2lidar_is_the_float64_inverse_of_the_float32_matrices_bit_for_bit(cm
     model (mAP 0.631 instead of 0.587) when numpy's inversion replaced torch's."""
     metas = _augmented_metas(cmt_test_data)
     lidar2img = stack_lidar2img(metas)
-    img2lidar = stack_img2lidar(metas)
+    img2lidar = CameraGeometry.from_metas(metas).img2lidar
     assert img2lidar.shape == lidar2img.shape and img2lidar.dtype == torch.float32
     assert torch.equal(img2lidar, torch.linalg.inv(lidar2img.double()).float())
     identity = torch.eye(4).expand_as(lidar2img)
     torch.testing.assert_close(img2lidar.double() @ lidar2img.double(), identity.double(), atol=1e-4, rtol=0)
+
+
+def test_the_record_holds_what_the_metas_say_and_selects_samples(cmt_test_data):
+    metas = _augmented_metas(cmt_test_data)
+    metas[1]['img_shape'] = [(20, 36, 3)] * len(metas[1]['lidar2img'])
+    geometry = CameraGeometry.from_metas(metas)
+    num_views = len(metas[0]['lidar2img'])
+    assert (geometry.batch_size, geometry.num_views) == (2, num_views)
+    assert torch.equal(geometry.lidar2img, stack_lidar2img(metas)) and geometry.pad_hw == pad_shape_hw(metas)
+    assert geometry.view_img_hw.shape == geometry.view_pad_hw.shape == (2, num_views, 2)
+    assert geometry.view_img_hw[1].tolist() == [[20.0, 36.0]] * num_views
+    assert geometry.view_pad_hw[1].tolist() == [list(pad_shape_hw(metas[1:]))] * num_views
+    chosen = geometry.select([1, 0, 1])
+    assert chosen.batch_size == 3 and chosen.pad_hw == geometry.pad_hw
+    for field in ('lidar2img', 'img2lidar', 'view_img_hw', 'view_pad_hw'):
+        assert torch.equal(getattr(chosen, field), getattr(geometry, field)[[1, 0, 1]]), field

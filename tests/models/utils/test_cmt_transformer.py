@@ -8,7 +8,7 @@ from projects.mmdet3d_plugin.models.utils import CmtTransformer
 C, HEADS = 16, 4
 
 
-def _transformer(with_cp=False, transformer_type='CmtTransformer', dropout=0.0):
+def _transformer(with_cp=False, dropout=0.0):
     layer = dict(
         type='PETRTransformerDecoderLayer', with_cp=with_cp,
         attn_cfgs=[dict(type='MultiheadAttention', embed_dims=C, num_heads=HEADS, dropout=dropout),
@@ -16,7 +16,7 @@ def _transformer(with_cp=False, transformer_type='CmtTransformer', dropout=0.0):
                         backend='math')],
         ffn_cfgs=dict(type='FFN', embed_dims=C, feedforward_channels=32, num_fcs=2, ffn_drop=0.0),
         operation_order=('self_attn', 'norm', 'cross_attn', 'norm', 'ffn', 'norm'))
-    transformer = build_transformer(dict(type=transformer_type, decoder=dict(
+    transformer = build_transformer(dict(type='CmtTransformer', decoder=dict(
         type='PETRTransformerDecoder', return_intermediate=True, num_layers=2, transformerlayers=layer)))
     transformer.init_weights()
     return transformer
@@ -68,13 +68,12 @@ def test_checkpointing_keeps_the_masks_and_the_gradients():
     torch.testing.assert_close(other, results[1][0])
 
 
-def test_lidar_and_image_transformer_names_build_the_transformer_that_decodes_the_tokens_given():
+def test_the_transformer_decodes_the_tokens_given():
     inputs = _inputs()
-    lidar = _transformer(transformer_type='CmtLidarTransformer').eval()
-    assert type(lidar) is CmtTransformer, 'a registry alias'
-    out, memory = lidar(**dict(inputs, x_img=None, rv_pos_embed=None))
+    transformer = _transformer().eval()
+    assert type(transformer) is CmtTransformer
+    out, memory = transformer(**dict(inputs, x_img=None, rv_pos_embed=None))
     assert out.shape == (2, 2, 6, C) and memory.shape == (12, 2, C)
     torch.testing.assert_close(memory, inputs['x'].flatten(2).permute(2, 0, 1))
-    image = _transformer(transformer_type='CmtImageTransformer').eval()
-    out, memory = image(**dict(inputs, x=None, bev_pos_embed=None))
+    out, memory = transformer(**dict(inputs, x=None, bev_pos_embed=None))
     assert out.shape == (2, 2, 6, C) and memory.shape == (30, 2, C)

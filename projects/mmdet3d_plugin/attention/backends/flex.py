@@ -58,7 +58,7 @@ def compiled_flex_attention() -> Callable:
 
     Shape-specialised (``dynamic=False``): on torch 2.13 the dynamic-shape
     compile of a window + segment ``score_mod`` returns wrong outputs on the
-    CPU (0.4 relative error against ``math``, measured). Callers keep the
+    CPU (far from ``math``). Callers keep the
     number of compiles small by padding the query count to a bucket
     (:func:`query_bucket`). ``fullgraph=True`` and
     ``fail_on_recompile_limit_hit`` turn a graph break or a recompile storm

@@ -10,10 +10,9 @@ for the kernel and zeroed afterwards, so no kernel ever sees an empty row
 bfloat16. That gradient is the sum, over the segment's keys, of the dense
 mask's gradient, which SDPA returns rounded to q's dtype; the sum cancels
 (each row of a softmax gradient sums to 0, so one segment's gradient is minus
-the other's) and the rounding errors of thousands of keys remain: measured on
-an H200, 4e-2 (float16) and 0.3 to 0.5 (bfloat16) relative error against
-float64 at the R50 and VoV key counts (``tools/check_gpu.py``). ``segment``
-and ``flashbias`` differentiate it exactly; ``auto`` takes them.
+the other's) and the rounding errors of thousands of keys remain, a large
+relative error at the R50 and VoV key counts (``tools/check_gpu.py`` shows
+it). ``segment`` and ``flashbias`` differentiate it exactly; ``auto`` takes them.
 
 A call where only the bias needs a gradient (the ``alpha`` of
 ``AttentionBiasGenerator`` with frozen projections, the router-only stage 2
@@ -21,7 +20,7 @@ of the robustness study) gives the kernel a query that requires grad
 (:func:`kernel_query`): PyTorch's memory-efficient CUDA kernel decides from
 q, k and v alone whether its forward keeps the logsumexp, and without it
 the backward of the mask fails (``LSE is not correctly aligned (strideH)``,
-pytorch/pytorch#148476; measured on an H200). The query's own gradient is
+pytorch/pytorch#148476). The query's own gradient is
 computed and dropped; the forward and the bias gradient are unchanged.
 """
 from typing import List

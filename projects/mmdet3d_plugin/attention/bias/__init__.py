@@ -15,18 +15,15 @@ apply directly:
 
 Every part offers ``to_dense`` for the reference backend, tests and pictures,
 ``score_term`` (the part as a pure function of ``(batch, head, query, key)``
-indices), ``select_queries`` and ``restrict_keys`` (the part over fewer
-queries or a key range, keeping its structure), and says what a backend needs
-to know of it (``is_structured``, ``is_window``, ``is_mask``) without a type
-test. Constructors only store tensors and check their shapes (no
-data-dependent checks, so no device synchronisation).
+indices), ``select_queries`` and ``restrict_keys`` (the part over fewer queries or a key range, keeping its
+structure), and says what a backend needs to know of it (``is_structured``, ``is_window``, ``is_mask``) without a
+type test. Constructors only store tensors and check their shapes (no data-dependent checks, so no device sync).
 
-One module per type: :mod:`.part` (the interface), :mod:`.key_grid`,
-:mod:`.segment`, :mod:`.low_rank`, :mod:`.window` (with the window's cells in
-:mod:`.window_cells`), :mod:`.dense` and
-:mod:`.attention_bias` (the sum, and the functions that take any bias).
+One module per type: :mod:`.part` (the interface), :mod:`.key_grid`, :mod:`.segment`, :mod:`.low_rank`,
+:mod:`.window` (cells: :mod:`.window_cells`), :mod:`.dense`, :mod:`.attention_bias` (the sum, its per-layer form
+``PerLayer``, the types ``LayerBias`` / ``DecoderBias`` of a layer's / a decoder's bias, the functions on any bias).
 """
-from .attention_bias import AttentionBias, as_attention_bias, restrict_keys
+from .attention_bias import AttentionBias, DecoderBias, LayerBias, PerLayer, as_attention_bias, restrict_keys
 from .dense import DenseBias
 from .key_grid import KeyGrid
 from .low_rank import LowRankBias
@@ -36,6 +33,7 @@ from .window import WindowBias, WindowKeys, check_disjoint_grids
 from .window_cells import window_stencil
 
 __all__ = [
-    'AttentionBias', 'BiasPart', 'DenseBias', 'KeyGrid', 'LowRankBias', 'ScoreTerm', 'SegmentBias', 'WindowBias',
-    'WindowKeys', 'as_attention_bias', 'check_disjoint_grids', 'restrict_keys', 'window_stencil'
+    'AttentionBias', 'BiasPart', 'DecoderBias', 'DenseBias', 'KeyGrid', 'LayerBias', 'LowRankBias', 'PerLayer',
+    'ScoreTerm', 'SegmentBias', 'WindowBias', 'WindowKeys', 'as_attention_bias', 'check_disjoint_grids',
+    'restrict_keys', 'window_stencil'
 ]

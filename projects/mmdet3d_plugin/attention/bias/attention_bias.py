@@ -1,4 +1,5 @@
-"""The :class:`AttentionBias`: a sum of bias parts over the keys of one call, and the functions that take any bias."""
+"""The :class:`AttentionBias` (a sum of bias parts over the keys of one call), its per-layer form :class:`PerLayer`,
+the types a layer's and a decoder's bias take (``LayerBias``, ``DecoderBias``) and the functions that take any bias."""
 from typing import Callable, Hashable, List, Optional, Sequence, TypeVar, Union
 
 import torch
@@ -133,6 +134,24 @@ class AttentionBias:
     __repr__ = describe
 
 
+class PerLayer(tuple):
+    """One value per decoder layer, e.g. a cross-attention bias with a learned scale per layer.
+
+    Put it in the decoder's ``attn_masks``: ``PETRTransformerDecoder`` hands
+    layer ``i`` element ``i`` (and raises when the length differs from its
+    number of layers); :func:`restrict_keys` cuts each element to a key range
+    and keeps the type. Elements: ``L`` biases over the same ``[Q, K]``
+    queries and keys (``AttentionBias``, a ``[..., Q, K]`` tensor or None).
+    """
+
+
+#: one attention call's mask or bias: a structured bias, or a tensor broadcastable to ``[bs, heads, Q, K]`` (bool:
+#: True = blocked; float: added to the scores)
+LayerBias = Union[Tensor, AttentionBias]
+#: a decoder's cross-attention bias: one for every layer, or one per layer (elements None: no bias in that layer)
+DecoderBias = Union[LayerBias, PerLayer]
+
+
 def as_attention_bias(bias, num_keys: Optional[int] = None) -> Optional[AttentionBias]:
     """Normalise what ``apply_attention`` accepts as a bias.
 
@@ -159,17 +178,17 @@ def as_attention_bias(bias, num_keys: Optional[int] = None) -> Optional[Attentio
     return AttentionBias(bias, num_keys)
 
 
-def restrict_keys(bias, start: int, end: int):
+def restrict_keys(bias: Optional[DecoderBias], start: int, end: int) -> Optional[DecoderBias]:
     """A cross-attention bias of any accepted kind over the keys ``[start, end)``, renumbered from 0.
 
     The fused decoder's keys are ``[BEV tokens ; camera tokens]``; a decoding
     pass over one modality's tokens only needs the bias of exactly those keys.
 
     Args:
-        bias (None | Tensor | AttentionBias | tuple): a bias over K keys (a
-            tensor: ``[..., K]``, a last dim of 1 broadcasts and is kept); a
-            tuple (the decoder's ``PerLayer``: one bias per layer) is
-            restricted element by element and keeps its type.
+        bias (DecoderBias, optional): a bias over K keys (a tensor:
+            ``[..., K]``, a last dim of 1 broadcasts and is kept); a tuple (a
+            :class:`PerLayer`: one bias per layer) is restricted element by
+            element and keeps its type.
         start (int): first key kept.
         end (int): one past the last key kept, ``start < end <= K``.
 

@@ -1,22 +1,19 @@
 """One query's cross-attention bias, laid out on CMT's BEV and camera key grids."""
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from ...attention import AttentionBias, as_attention_bias
-
-Bias = Union[AttentionBias, Tensor, Sequence[AttentionBias]]
+from ...attention import DecoderBias, as_attention_bias
 
 
-def query_bias_row(bias: Bias, query: int, num_matching: Optional[int] = None, batch: int = 0,
+def query_bias_row(bias: DecoderBias, query: int, num_matching: Optional[int] = None, batch: int = 0,
                    layer: int = -1) -> Tuple[np.ndarray, int]:
     """The bias the cross-attention adds to the scores of one query over every key.
 
     Args:
-        bias (AttentionBias | Tensor | Sequence[AttentionBias]): the decoder's
-            cross-attention bias; a sequence (``PerLayer``) holds one per layer.
+        bias (DecoderBias): the decoder's cross-attention bias; a
+            ``PerLayer`` (or any sequence) holds one per layer.
         query (int): index among the decoder's queries, or among the
             matching queries when ``num_matching`` is given.
         num_matching (int, optional): number of matching queries; they are

@@ -1,45 +1,28 @@
 """Test-time sensor corruptions for robustness evaluation: LiDAR removed, limited or thinned, cameras black.
 
-A corruption is written ``mode[:arg]`` on the command line (see
-:func:`parse_corruption`) and applied by the registered transform
-:class:`SensorCorruption`, which sits right after the loading steps of the
-test pipeline (``datasets/corruption_config.py`` puts it there):
+A corruption is written ``mode[:arg]`` on the command line (:func:`parse_corruption`) and applied by the
+registered transform :class:`SensorCorruption`, right after the loading steps of the test pipeline
+(``datasets/corruption_config.py`` puts it there):
 
-* ``lidar_drop``: no LiDAR point at all (key frame and sweeps): an empty
-  ``[0, C]`` point cloud of the loaded width and dtype.
-* ``camera_drop``: every camera image black (all pixels 0 before resizing and
-  normalisation, as upstream CMT's ``ModalMask3D`` blacks the camera out).
-* ``view_drop:N``: camera view ``N`` (the dataset's camera order) black.
-* ``fov:DEG``: only the LiDAR points whose azimuth is within ``DEG / 2`` of
-  the forward direction (the front camera's optical axis projected onto the
-  LiDAR x-y plane), in the key frame's LiDAR frame.
-* ``beams:K``: only the points of ``K`` of the LiDAR's beams, evenly spread
-  over its vertical field of view (a ``K``-beam sensor).
-* ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
-* ``object_drop:P``: each ground-truth object, with probability ``P``, loses
-  every LiDAR point inside its box enlarged by ``object_margin`` (key frame and
-  sweeps; with ``sweep_time_column``, each sweep's points are tested against
-  the boxes moved back by the objects' annotated velocity times the sweep's
-  time lag, as the sweeps undo the ego motion only). The boxes
-  come from ``results['ann_info']`` (``CustomNuScenesDataset`` provides it at
-  test time when the info file has annotations; the model never sees it).
-* ``camera_fail:P``: each camera view, independently with probability ``P``,
-  black.
-* ``extrinsic:DEG``: every camera's extrinsics (``lidar2cam``, and with them
-  ``lidar2img``) rotated by ``DEG`` degrees about a random axis in the camera
-  frame, drawn per view; the images stay, so the model projects with a
-  calibration that no longer matches them.
-* ``mixed:DEG``: a random azimuth ``a`` per sample; the LiDAR points within
-  ``DEG / 2`` of ``a`` are removed and the cameras whose optical axis points
-  within ``DEG / 2`` of the opposite direction ``a + 180`` are black
-  (``DEG <= 180``, so the two sectors never overlap; every direction keeps a
-  modality while ``DEG`` plus half the widest camera's horizontal field of
-  view is at most 180): no single modality is good everywhere.
+* ``lidar_drop``: no LiDAR point at all (key frame and sweeps): an empty ``[0, C]`` point cloud.
+* ``camera_drop``: every camera image black (pixels 0 before resizing and normalisation, as upstream CMT's
+  ``ModalMask3D``); ``view_drop:N``: camera view ``N`` (the dataset's camera order) black.
+* ``fov:DEG``: only the LiDAR points whose azimuth is within ``DEG / 2`` of the front camera's optical axis
+  (projected onto the LiDAR x-y plane).
+* ``beams:K``: only the points of ``K`` beams evenly spread over the vertical field of view (a ``K``-beam sensor);
+  ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
+* ``object_drop:P``: each ground-truth object (``results['ann_info']``, never seen by the model), with probability
+  ``P``, loses every LiDAR point inside its box enlarged by ``object_margin``, in the key frame and the sweeps
+  (with ``sweep_time_column``, boxes moved back by the object's velocity times the sweep's time lag).
+* ``camera_fail:P``: each camera view black, independently with probability ``P``.
+* ``extrinsic:DEG``: every camera's ``lidar2cam`` (and ``lidar2img``) rotated by ``DEG`` degrees about a random
+  axis per view; the images stay, so the model projects with a calibration that no longer matches them.
+* ``mixed:DEG``: a random azimuth ``a`` per sample; the LiDAR points within ``DEG / 2`` of ``a`` are removed and
+  the cameras whose axis points within ``DEG / 2`` of ``a + 180`` are black (``DEG <= 180``: the sectors never
+  overlap): no single modality is good everywhere.
 
-Randomness (``points``, ``object_drop``, ``camera_fail``, ``extrinsic``,
-``mixed``) is seeded per sample from ``seed`` and the sample token, so an
-evaluation is reproducible and independent of the order in which samples are
-loaded.
+Randomness is seeded per sample from ``seed`` and the sample token, so an evaluation is reproducible and
+independent of the order in which samples are loaded.
 """
 import numbers
 import zlib

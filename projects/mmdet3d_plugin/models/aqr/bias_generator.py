@@ -20,22 +20,20 @@ with LiDAR weight ``w_l`` and camera weight ``w_c`` gets the biases
   ``mute_scale``): a query that routes a modality away (weight towards 0)
   lowers all of that modality's keys, not only its window, towards a mask.
 
-Nothing ``[Q, K]``-sized is built here: the attention backends apply the
-structured bias (``AttentionBias.to_dense`` exists for the reference path).
-
-Denoising (DN) queries come first in CMT's query order and get **zero bias**:
-they reconstruct noised ground-truth boxes, a task AQR should not alter.
+Nothing ``[Q, K]``-sized is built here (the attention backends apply the structured bias). Denoising (DN)
+queries come first in CMT's query order and get **zero bias**: they reconstruct noised ground-truth boxes, a
+task AQR should not alter.
 """
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from mmcv.runner import BaseModule
 from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
-from ...attention import AttentionBias, KeyGrid, SegmentBias, WindowBias
+from ...attention import AttentionBias, KeyGrid, PerLayer, SegmentBias, WindowBias
 from ...attention.bias.window_cells import check_window_size
-from .design_note_keys import BIAS_GENERATOR_RENAMED_KEYS, reject_renamed_keys
+from ...config_upgrade import current_keys_only
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -135,6 +133,7 @@ class WeightToBiasMLP(nn.Module):
 
 
 @MODELS.register_module()
+@current_keys_only
 class AttentionBiasGenerator(BaseModule):
     """Turn AQR's per-query LiDAR / camera weights into a cross-attention :class:`AttentionBias`.
 
@@ -162,9 +161,6 @@ class AttentionBiasGenerator(BaseModule):
             ``-beta * (1 - w)`` on every key of each modality, ``beta`` a
             learned parameter starting at ``mute_scale`` (see the module
             docstring). Default: None (no mute term, no parameter).
-        bias_strength, bev_feature_shape, pers_feature_shape: the design
-            notes' keys; refused with the form to use instead
-            (``design_note_keys.py``).
         init_cfg (dict, optional): mmcv initialisation config.
     """
 
@@ -181,12 +177,7 @@ class AttentionBiasGenerator(BaseModule):
                  learned_mapping: bool = False,
                  mapping_hidden_dims: int = 16,
                  mute_scale: Optional[float] = None,
-                 bias_strength: Optional[float] = None,
-                 bev_feature_shape: Optional[Sequence[int]] = None,
-                 pers_feature_shape: Optional[Sequence[int]] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        reject_renamed_keys(type(self).__name__, BIAS_GENERATOR_RENAMED_KEYS, bias_strength=bias_strength,
-                            bev_feature_shape=bev_feature_shape, pers_feature_shape=pers_feature_shape)
         super().__init__(init_cfg=init_cfg)
         self.window_size = check_window_size(window_size)
         self.use_local_bias = bool(use_local_bias)
@@ -248,7 +239,7 @@ class AttentionBiasGenerator(BaseModule):
                 bev_shape: Tuple[int, int],
                 camera_shape: Tuple[int, int, int],
                 num_dn_queries: int = 0,
-                feature_dtype: Optional[torch.dtype] = None) -> Union[AttentionBias, List[AttentionBias]]:
+                feature_dtype: Optional[torch.dtype] = None) -> Union[AttentionBias, PerLayer]:
         """Build the cross-attention bias.
 
         Args:
@@ -265,9 +256,9 @@ class AttentionBiasGenerator(BaseModule):
                 features; with ``fp16=True`` and a half dtype the bias uses it.
 
         Returns:
-            AttentionBias | list[AttentionBias]: over ``num_dn_queries + Q``
-            queries and ``H_bev * W_bev + N * H_img * W_img`` keys; a list with
-            one bias per decoder layer when ``per_layer``.
+            AttentionBias | PerLayer: over ``num_dn_queries + Q`` queries and
+            ``H_bev * W_bev + N * H_img * W_img`` keys; a :class:`PerLayer`
+            of one bias per decoder layer when ``per_layer``.
         """
         self._check_inputs(lidar_weights, camera_weights, projection_info, num_dn_queries)
         biases = self.modality_biases(lidar_weights, camera_weights)
@@ -289,7 +280,7 @@ class AttentionBiasGenerator(BaseModule):
                 layer_biases = [bias + mute for bias in layer_biases]
         else:
             layer_biases = [AttentionBias(SegmentBias(b, segments), sum(segments)) for b in biases]
-        return layer_biases if self.per_layer else layer_biases[0]
+        return PerLayer(layer_biases) if self.per_layer else layer_biases[0]
 
     def _mute_values(self, lidar_weights: Tensor, camera_weights: Tensor, num_dn_queries: int,
                      dtype: torch.dtype) -> Tensor:

@@ -1,59 +1,24 @@
-"""How AQR's routing weights reach CMT's decoder: as an attention bias (the scheme), or by scaling the features.
+"""``FeatureModulation``: the legacy way AQR's routing weights reach CMT's decoder, by scaling the features.
 
-``QueryRouter`` applies its weights with one of these parts, chosen by the
-head's ``routing=dict(modulation=...)``:
+``QueryRouter`` applies its weights with the ``AttentionBiasGenerator`` (the
+scheme, the head's ``routing=dict(modulation='attention_bias')``: a
+cross-attention bias, features unchanged) or, with ``modulation='feature'``
+(legacy ablation, SPEC 2.6), with this part: the ``WeightRenderer`` splats the
+weights into a BEV map ``[bs, H, W]`` and camera maps ``[bs, N, h, w]`` and
+the ``FeatureModulator`` scales the features with them
+(``x * w * (1 - r) + x * r``); no bias.
 
-* :class:`BiasModulation` (``'attention_bias'``, default): the
-  ``AttentionBiasGenerator`` makes the cross-attention bias; features unchanged.
-* :class:`FeatureModulation` (``'feature'``, legacy ablation, SPEC 2.6): the
-  ``WeightRenderer`` splats the weights into a BEV map ``[bs, H, W]`` and
-  camera maps ``[bs, N, h, w]`` and the ``FeatureModulator`` scales the
-  features with them (``x * w * (1 - r) + x * r``); no bias.
-
-Both take ``lidar_weights`` / ``camera_weights [bs, Q]``, the
-``projection_info`` of the queries (``pts_bev [bs, Q, 2]``, ``pts_pers_idx
-[bs, Q, 3]``, ``visible [bs, Q]``), the memory ``bev_feat [bs, C, H, W]``,
-``img_feat [bs * N, C, h, w]`` and the number of DN queries, and return the
-memory the decoder attends to: ``(bev_feat, img_feat, cross_attn_bias)``,
-the bias over ``[DN + Q, H * W + N * h * w]`` (DN queries: zero bias) or None.
-Their modules are registered on the head under the names of :attr:`modules`.
+Input: ``lidar_weights`` / ``camera_weights [bs, Q]``, the ``projection_info``
+of the queries (``pts_bev [bs, Q, 2]``, ``pts_pers_idx [bs, Q, 3]``,
+``visible [bs, Q]``), the memory ``bev_feat [bs, C, H, W]``, ``img_feat
+[bs * N, C, h, w]`` and its grids ``(H, W)``, ``(N, h, w)``; output: the two
+modulated feature maps, same shapes. Its modules are registered on the head
+under the names of :attr:`FeatureModulation.modules`.
 """
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Optional, Tuple
 
 from mmdet.models.builder import MODELS
 from torch import Tensor, nn
-
-from ...attention.per_layer import PerLayer
-
-
-class ModulatedMemory(NamedTuple):
-    """The decoder's memory after routing: features ``[bs, C, H, W]`` / ``[bs * N, C, h, w]`` and the bias."""
-
-    bev_feat: Tensor
-    img_feat: Tensor
-    cross_attn_bias: object
-
-
-def memory_shapes(bev_feat: Tensor, img_feat: Tensor):
-    """``(H, W)`` of the BEV memory and ``(N, h, w)`` of the camera memory."""
-    return tuple(bev_feat.shape[-2:]), (img_feat.size(0) // bev_feat.size(0), *img_feat.shape[-2:])
-
-
-class BiasModulation:
-    """The routing weights as a cross-attention bias (``AttentionBiasGenerator``)."""
-
-    def __init__(self, bias_generator: nn.Module) -> None:
-        self.bias_generator = bias_generator
-
-    @property
-    def modules(self) -> Dict[str, Optional[nn.Module]]:
-        return dict(attention_bias_generator=self.bias_generator)
-
-    def __call__(self, lidar_weights: Tensor, camera_weights: Tensor, info: Dict[str, Tensor], bev_feat: Tensor,
-                 img_feat: Tensor, num_dn: int) -> ModulatedMemory:
-        bias = self.bias_generator(lidar_weights, camera_weights, info, *memory_shapes(bev_feat, img_feat),
-                                   num_dn_queries=num_dn, feature_dtype=bev_feat.dtype)
-        return ModulatedMemory(bev_feat, img_feat, PerLayer(bias) if isinstance(bias, list) else bias)
 
 
 class FeatureModulation:
@@ -70,13 +35,13 @@ class FeatureModulation:
         self.feature_modulator = MODELS.build(feature_modulator_config or dict(type='FeatureModulator'))
 
     @property
-    def modules(self) -> Dict[str, Optional[nn.Module]]:
-        return dict(attention_bias_generator=None, weight_renderer=self.weight_renderer,
-                    feature_modulator=self.feature_modulator)
+    def modules(self) -> Dict[str, nn.Module]:
+        """``{name on the head: module}``."""
+        return dict(weight_renderer=self.weight_renderer, feature_modulator=self.feature_modulator)
 
     def __call__(self, lidar_weights: Tensor, camera_weights: Tensor, info: Dict[str, Tensor], bev_feat: Tensor,
-                 img_feat: Tensor, num_dn: int) -> ModulatedMemory:
-        bev_map, camera_map = self.weight_renderer(lidar_weights, camera_weights, info,
-                                                   *memory_shapes(bev_feat, img_feat))
-        return ModulatedMemory(self.feature_modulator(bev_feat, bev_map), self.feature_modulator(img_feat, camera_map),
-                               None)
+                 img_feat: Tensor, bev_shape: Tuple[int, int],
+                 camera_shape: Tuple[int, int, int]) -> Tuple[Tensor, Tensor]:
+        """The modulated ``bev_feat [bs, C, H, W]`` and ``img_feat [bs * N, C, h, w]`` (see the module docstring)."""
+        bev_map, camera_map = self.weight_renderer(lidar_weights, camera_weights, info, bev_shape, camera_shape)
+        return self.feature_modulator(bev_feat, bev_map), self.feature_modulator(img_feat, camera_map)

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ...attention import SlotPattern
+from ...attention.slots import SlotPattern
 
 
 class WindowAttentionFunction(torch.autograd.Function):

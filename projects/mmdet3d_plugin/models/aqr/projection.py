@@ -2,41 +2,33 @@
 
 Pure functions (no parameters, no gradients) so the geometry can be tested by hand.
 
-Conventions (the same as upstream CMT's ``CmtHead.coords_bev``, whose BEV
-position embedding for the flattened token ``i = row * W_bev + col`` is built
-from ``((col + 0.5) / W_bev, (row + 0.5) / H_bev)``):
+Conventions (upstream CMT's ``CmtHead.coords_bev``, whose BEV position embedding for the flattened token
+``i = row * W_bev + col`` is built from ``((col + 0.5) / W_bev, (row + 0.5) / H_bev)``):
 
-* reference points are normalised to ``[0, 1]`` inside
-  ``pc_range = [x_min, y_min, z_min, x_max, y_max, z_max]``;
-* normalised ``x`` -> BEV column, normalised ``y`` -> BEV row;
-* BEV tokens are the feature map ``[bs, C, H_bev, W_bev]`` flattened row-major,
-  index ``row * W_bev + col``;
-* camera tokens are ``[bs * N, C, H_img, W_img]`` flattened as
-  ``(view, h, w)`` row-major; a camera cell is ``(view, h, w)``.
+* reference points are normalised to ``[0, 1]`` inside ``pc_range = [x_min, y_min, z_min, x_max, y_max, z_max]``;
+  normalised ``x`` -> BEV column, normalised ``y`` -> BEV row;
+* BEV tokens are the feature map ``[bs, C, H_bev, W_bev]`` flattened row-major, index ``row * W_bev + col``;
+* camera tokens are ``[bs * N, C, H_img, W_img]`` flattened as ``(view, h, w)`` row-major; a camera cell is
+  ``(view, h, w)``.
 
-Camera projection uses ``img_meta['lidar2img']`` (N 4x4 matrices mapping
-homogeneous LiDAR points to ``(u * d, v * d, d, 1)`` in the *input image*
-after the pipeline's resize/crop). A point is visible in a view when its depth
-is positive and ``0 <= u < img_w``, ``0 <= v < img_h`` with ``img_shape`` the
-un-padded input image size. The camera position embedding
-(:func:`~..utils.positional_encoding.image_frustum_points`, like upstream's ``_rv_pe``) passes the
-ray of feature cell ``(i, j)`` through pixel ``(j * stride_w, i * stride_h)``
-with ``stride = pad_shape / feature shape``, so the cell whose ray is nearest
-the projected pixel is ``(floor(v / stride_h + 1/2), floor(u / stride_w + 1/2))``
-(halves round up), clamped to the feature map.
-The first such view (lowest index) is chosen. Queries visible in no view get
-``visible = False`` and the camera cell ``(-1, -1, -1)``; they are never mapped
-to a real cell.
+Camera projection uses ``img_meta['lidar2img']`` (N 4x4 matrices mapping homogeneous LiDAR points to
+``(u * d, v * d, d, 1)`` in the *input image* after the pipeline's resize/crop). A point is visible in a view
+when its depth is positive and ``0 <= u < img_w``, ``0 <= v < img_h`` with ``img_shape`` the un-padded input
+image size. The camera position embedding (:func:`~..utils.positional_encoding.image_frustum_points`, like
+upstream's ``_rv_pe``) passes the ray of feature cell ``(i, j)`` through pixel ``(j * stride_w, i * stride_h)``
+with ``stride = pad_shape / feature shape``, so the cell whose ray is nearest the projected pixel is
+``(floor(v / stride_h + 1/2), floor(u / stride_w + 1/2))`` (halves round up), clamped to the feature map.
+The first such view (lowest index) is chosen. Queries visible in no view get ``visible = False`` and the camera
+cell ``(-1, -1, -1)``; they are never mapped to a real cell.
 """
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ...attention.bias.window_cells import clamp_to_grid
-from ...utils.host_data import device_constant, host_to_device
-from ..utils.camera_geometry import stack_lidar2img
+from ...utils.host_data import device_constant
+from ..utils.camera_geometry import CameraGeometry
 from ..utils.positional_encoding import denormalize_points
 
 #: Camera cell given to queries that are visible in no view.
@@ -74,41 +66,6 @@ def bev_cells(reference_points: Tensor, bev_shape: Tuple[int, int]) -> Tuple[Ten
     col_row = clamp_to_grid((pts[..., :2] * device_constant([width, height], device, torch.float32)).floor().long(),
                             (width, height))
     return col_row.flip(-1), (col_row * device_constant([1, width], device, torch.long)).sum(-1)
-
-
-def _per_view_hw(shape_value, num_views: int, key: str) -> List[Tuple[float, float]]:
-    """``img_shape``/``pad_shape`` of one sample -> ``num_views`` ``(h, w)`` pairs."""
-    if len(shape_value) > 0 and isinstance(shape_value[0], (list, tuple, np.ndarray)):
-        views = [tuple(v) for v in shape_value]
-    else:
-        views = [tuple(shape_value)] * num_views
-    if len(views) != num_views:
-        raise ValueError(f"img_metas['{key}'] has {len(views)} views, but lidar2img has {num_views}")
-    return [(float(v[0]), float(v[1])) for v in views]
-
-
-def image_sizes_from_metas(img_metas: Sequence[Mapping], num_views: int, device: torch.device) -> Tuple[Tensor, Tensor]:
-    """Read the un-padded and padded input image sizes of a batch.
-
-    Args:
-        img_metas (Sequence[Mapping]): one dict per sample with ``img_shape``
-            and ``pad_shape``, each either one ``(h, w, c)`` for all views or a
-            list of ``num_views`` of them. A missing ``img_shape`` falls back to
-            ``pad_shape`` and vice versa.
-        num_views (int): number of camera views N.
-        device (torch.device): device of the returned tensors.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``img_hw [bs, N, 2]`` and ``pad_hw [bs, N, 2]``
-        float32 (height, width).
-    """
-    img_hw, pad_hw = [], []
-    for i, meta in enumerate(img_metas):
-        if 'img_shape' not in meta and 'pad_shape' not in meta:
-            raise KeyError(f"img_metas[{i}] has neither 'img_shape' nor 'pad_shape'")
-        img_hw.append(_per_view_hw(meta.get('img_shape', meta.get('pad_shape')), num_views, 'img_shape'))
-        pad_hw.append(_per_view_hw(meta.get('pad_shape', meta.get('img_shape')), num_views, 'pad_shape'))
-    return host_to_device(img_hw, device, torch.float32), host_to_device(pad_hw, device, torch.float32)
 
 
 def camera_cells(points: Tensor,
@@ -167,7 +124,7 @@ def camera_cells(points: Tensor,
 def project_to_camera_cells(reference_points: Tensor,
                             pc_range: Sequence[float],
                             camera_shape: Tuple[int, int, int],
-                            img_metas: Sequence[Mapping]) -> Tuple[Tensor, Tensor]:
+                            geometry: CameraGeometry) -> Tuple[Tensor, Tensor]:
     """Project every query's reference point to its camera feature cell (:func:`camera_cells`).
 
     Args:
@@ -175,9 +132,8 @@ def project_to_camera_cells(reference_points: Tensor,
             ``pc_range`` (values outside are clamped).
         pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
         camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera
-            memory; N must equal the number of ``lidar2img`` matrices.
-        img_metas (Sequence[Mapping]): ``bs`` dicts with ``lidar2img``,
-            ``img_shape``, ``pad_shape``.
+            memory; N must equal the geometry's.
+        geometry (CameraGeometry): the batch's ``lidar2img`` and per-view image and padded sizes.
 
     Returns:
         tuple[Tensor, Tensor]: ``pts_pers_idx`` ``[bs, Q, 3]`` long
@@ -186,24 +142,22 @@ def project_to_camera_cells(reference_points: Tensor,
     if reference_points.dim() != 3 or reference_points.shape[-1] != 3:
         raise ValueError(f'reference_points must be [bs, Q, 3], got shape {tuple(reference_points.shape)}')
     bs = reference_points.shape[0]
-    if len(img_metas) != bs:
-        raise ValueError(f'got {len(img_metas)} img_metas for a batch of {bs} reference point sets')
+    if geometry.batch_size != bs:
+        raise ValueError(f'got the img_metas of {geometry.batch_size} samples for a batch of {bs} reference point sets')
     num_views, feat_h, feat_w = (int(s) for s in camera_shape)
     _check_pc_range(pc_range)
-    lidar2img = stack_lidar2img(img_metas, reference_points.device)
-    if lidar2img.shape[1] != num_views:
-        raise ValueError(f'camera memory has {num_views} views but img_metas lidar2img has {lidar2img.shape[1]}')
-    img_hw, pad_hw = image_sizes_from_metas(img_metas, num_views, reference_points.device)
+    if geometry.num_views != num_views:
+        raise ValueError(f'camera memory has {num_views} views but img_metas lidar2img has {geometry.num_views}')
     # reference points outside [0, 1] are clamped, as upstream CMT clamps them with inverse_sigmoid
     points = denormalize_points(reference_points.detach().float().clamp(0.0, 1.0), pc_range)
-    return camera_cells(points, lidar2img, img_hw, pad_hw, (feat_h, feat_w))
+    return camera_cells(points, geometry.lidar2img, geometry.view_img_hw, geometry.view_pad_hw, (feat_h, feat_w))
 
 
 def project_reference_points(reference_points: Tensor,
                              pc_range: Sequence[float],
                              bev_shape: Tuple[int, int],
                              camera_shape: Tuple[int, int, int],
-                             img_metas: Sequence[Mapping]) -> Dict[str, Tensor]:
+                             geometry: CameraGeometry) -> Dict[str, Tensor]:
     """Project every query's reference point to its BEV cell and camera cell.
 
     Args:
@@ -212,9 +166,8 @@ def project_reference_points(reference_points: Tensor,
         pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
         bev_shape (tuple[int, int]): ``(H_bev, W_bev)`` of the BEV memory.
         camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera
-            memory; N must equal the number of ``lidar2img`` matrices.
-        img_metas (Sequence[Mapping]): ``bs`` dicts with ``lidar2img``,
-            ``img_shape``, ``pad_shape``.
+            memory; N must equal the geometry's.
+        geometry (CameraGeometry): the batch's ``lidar2img`` and per-view image and padded sizes.
 
     Returns:
         dict[str, Tensor]: ``projection_info``:
@@ -223,6 +176,6 @@ def project_reference_points(reference_points: Tensor,
             * ``pts_pers_idx`` ``[bs, Q, 3]`` long ``(view, h, w)``, ``-1`` if invisible;
             * ``visible`` ``[bs, Q]`` bool.
     """
-    pts_pers_idx, visible = project_to_camera_cells(reference_points, pc_range, camera_shape, img_metas)
+    pts_pers_idx, visible = project_to_camera_cells(reference_points, pc_range, camera_shape, geometry)
     pts_bev, pts_idx = bev_cells(reference_points, bev_shape)
     return dict(pts_bev=pts_bev, pts_idx=pts_idx, pts_pers_idx=pts_pers_idx, visible=visible)

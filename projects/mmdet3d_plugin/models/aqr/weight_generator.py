@@ -8,11 +8,11 @@ from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
 from ...attention.bias.window_cells import check_window_size, window_offsets, window_token_index
-from ..utils.camera_geometry import stack_lidar2img
+from ...config_upgrade import current_keys_only
+from ..utils.camera_geometry import CameraGeometry
 from .aux_loss import modality_drop_flags, routing_loss
 from .local_window import LocalWindowAttention
 from .projection import project_reference_points
-from .routing_layer_config import resolve_layer_sizes
 from .routing_targets import camera_visible_objects, matched_object_targets, query_target_loss
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
@@ -88,6 +88,7 @@ def initial_logits(weight_activation: str, init_weight: Optional[Union[float, Se
 
 
 @MODELS.register_module()
+@current_keys_only
 class AQRWeightGenerator(BaseModule):
     """Adaptive Query Routing weights: how much each query trusts LiDAR and camera.
 
@@ -115,23 +116,13 @@ class AQRWeightGenerator(BaseModule):
     to learn that from the position embeddings alone.
 
     Args:
-        embed_dims (int, optional): channels of queries and memory. Default: 256.
-        num_heads (int, optional): attention heads. Default: 8.
+        embed_dims (int): channels of queries and memory. Default: 256.
+        num_heads (int): attention heads. Default: 8.
         window_sizes (Sequence[int]): odd window sides ``[camera, lidar]`` in
             feature cells. Default: ``[15, 5]``.
-        feedforward_channels (int, optional): FFN hidden size. Default: 1024.
-        dropout (float, optional): dropout on attention probabilities, the
+        feedforward_channels (int): FFN hidden size. Default: 1024.
+        dropout (float): dropout on attention probabilities, the
             attention output and in the FFN. Default: 0.1.
-        encoder_config (dict, optional): the routing layer as an mmcv encoder
-            / ``BaseTransformerLayer`` config (the design notes' form), from
-            which ``embed_dims``, ``num_heads``, ``feedforward_channels`` and
-            ``dropout`` are read when not given as arguments; its attention
-            may be ``PETRMultiheadFlashAttention``, ``PETRMultiheadAttention``
-            or ``MultiheadAttention`` (all run as the gathered window
-            attention) and may ask ``use_flashbias=True`` (logged: the window
-            mask is a gather, there is no bias for flashbias to apply).
-            Anything else the layer cannot honour raises, see
-            :func:`.routing_layer_config.routing_layer_args`. Default: None.
         weight_activation (str): ``'sigmoid'`` or ``'softmax'``. Default: ``'sigmoid'``.
         aux_loss_weight (float): weight of the auxiliary routing loss from
             modality-drop augmentation (:mod:`.aux_loss`); 0 turns it off.
@@ -161,24 +152,19 @@ class AQRWeightGenerator(BaseModule):
     """
 
     def __init__(self,
-                 embed_dims: Optional[int] = None,
-                 num_heads: Optional[int] = None,
+                 embed_dims: int = 256,
+                 num_heads: int = 8,
                  window_sizes: Sequence[int] = (15, 5),
-                 feedforward_channels: Optional[int] = None,
-                 dropout: Optional[float] = None,
+                 feedforward_channels: int = 1024,
+                 dropout: float = 0.1,
                  weight_activation: str = 'sigmoid',
                  aux_loss_weight: float = 0.0,
                  query_loss_weight: float = 0.0,
                  min_lidar_points: int = 5,
                  granularity: str = 'query',
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
-                 encoder_config: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        sizes = resolve_layer_sizes(
-            dict(embed_dims=embed_dims, num_heads=num_heads, feedforward_channels=feedforward_channels,
-                 dropout=dropout), encoder_config)
-        embed_dims, num_heads, dropout = sizes['embed_dims'], sizes['num_heads'], sizes['dropout']
         if len(window_sizes) != 2:
             raise ValueError(f'window_sizes must be [camera, lidar], got {window_sizes!r}')
         if weight_activation not in WEIGHT_ACTIVATIONS:
@@ -201,7 +187,7 @@ class AQRWeightGenerator(BaseModule):
         self.min_lidar_points = int(min_lidar_points)
         self.attention = LocalWindowAttention(embed_dims, num_heads, attn_drop=dropout)
         self.attn_dropout = nn.Dropout(dropout)
-        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=sizes['feedforward_channels'], ffn_drop=dropout)
+        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels, ffn_drop=dropout)
         self.norms = nn.ModuleList([nn.LayerNorm(embed_dims), nn.LayerNorm(embed_dims)])
         self.weight_head = nn.Linear(embed_dims, 2 if weight_activation == 'sigmoid' else 3)
         nn.init.normal_(self.weight_head.weight, std=0.01)
@@ -236,7 +222,7 @@ class AQRWeightGenerator(BaseModule):
                 reference_points: Tensor,
                 bev_feat: Tensor,
                 img_feat: Tensor,
-                img_metas: Sequence[dict],
+                geometry: CameraGeometry,
                 pc_range: Sequence[float],
                 bev_pos: Optional[Tensor] = None,
                 img_pos: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
@@ -250,8 +236,7 @@ class AQRWeightGenerator(BaseModule):
             reference_points (Tensor): ``[bs, Q, 3]`` normalised to ``[0, 1]`` in ``pc_range``.
             bev_feat (Tensor): ``[bs, C, H_bev, W_bev]`` BEV memory.
             img_feat (Tensor): ``[bs * N, C, H_img, W_img]`` camera memory.
-            img_metas (Sequence[dict]): ``bs`` dicts with ``lidar2img``,
-                ``img_shape``, ``pad_shape``.
+            geometry (CameraGeometry): the batch's cameras (``lidar2img``, image and padded sizes).
             pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
             bev_pos (Tensor, optional): BEV positional embedding,
                 ``[H_bev * W_bev, C]`` or ``[bs, H_bev * W_bev, C]``; added to the keys.
@@ -285,7 +270,7 @@ class AQRWeightGenerator(BaseModule):
             _pos_tokens(bev_pos, bs, num_bev, channels, 'bev_pos', memory),
             _pos_tokens(img_pos, bs, num_keys - num_bev, channels, 'img_pos', memory)
         ], dim=1)
-        projection_info = project_reference_points(reference_points, pc_range, bev_shape, camera_shape, img_metas)
+        projection_info = project_reference_points(reference_points, pc_range, bev_shape, camera_shape, geometry)
         index, valid = self.window_index(projection_info, bev_shape, camera_shape)
         attn = self.attention(query_embed, memory + pos.to(memory.dtype), memory, index, valid)
         x = self.norms[0](query_embed + self.attn_dropout(attn))
@@ -324,7 +309,7 @@ class AQRWeightGenerator(BaseModule):
 
     def query_loss(self, lidar_weights: Tensor, camera_weights: Tensor, matched_objects: Sequence[Sequence[Tensor]],
                    gt_centres: Sequence[Tensor], gt_num_points: Sequence[Tensor],
-                   img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+                   img_metas: Sequence[dict], geometry: CameraGeometry) -> Dict[str, Tensor]:
         """Per-query routing loss against what still sees each matched object (empty when it is off).
 
         Args:
@@ -335,7 +320,8 @@ class AQRWeightGenerator(BaseModule):
                 matched to, ``-1`` where none.
             gt_centres (Sequence[Tensor]): per sample ``[n, 3]`` object centres (LiDAR frame).
             gt_num_points (Sequence[Tensor]): per sample ``[n]`` LiDAR points in each object's box.
-            img_metas (Sequence[dict]): ``lidar2img``, ``pad_shape`` and the dead views.
+            img_metas (Sequence[dict]): ``pad_shape`` and the dead views.
+            geometry (CameraGeometry): the batch's cameras (``lidar2img``).
 
         Returns:
             dict[str, Tensor]: ``loss_aqr_query`` and ``aqr_query_accuracy``
@@ -347,7 +333,7 @@ class AQRWeightGenerator(BaseModule):
         if not len(matched_objects) == len(gt_centres) == len(gt_num_points) == len(img_metas) == bs:
             raise ValueError(f'query_loss: {len(matched_objects)} matchings, {len(gt_centres)} centre sets, '
                              f'{len(gt_num_points)} point counts and {len(img_metas)} metas for a batch of {bs}')
-        lidar2img = stack_lidar2img(img_metas, lidar_weights.device)
+        lidar2img = geometry.lidar2img
         targets, matched = [], []
         for index, meta in enumerate(img_metas):
             centres, num_points = gt_centres[index], gt_num_points[index].to(lidar_weights.device)

@@ -136,8 +136,7 @@ class VoVNet(BaseModule):
         with_cp (bool): activation checkpointing of every OSA block, as
             mmdet's ``ResNet(with_cp=True)``: a block keeps only its input for
             the backward and recomputes the rest there, so training needs far
-            less memory (a 1600x640 six-camera VoV-99 training step on the CPU:
-            see docs/performance.md) for one more forward of each block. Same
+            less memory for one more forward of each block. Same
             outputs and gradients; with ``norm_eval=False`` the recomputation
             updates the BatchNorm running statistics a second time.
         init_cfg (dict, optional): mmcv initialisation config.

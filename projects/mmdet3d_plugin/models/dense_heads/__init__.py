@@ -1,6 +1,6 @@
 """Detection heads."""
-from .cmt_head import CmtHead, CmtImageHead, CmtLidarHead
+from .cmt_head import CmtHead
 from .image_aux_head import ImageAuxHead
 from .separate_task_head import SeparateTaskHead
 
-__all__ = ['CmtHead', 'CmtImageHead', 'CmtLidarHead', 'ImageAuxHead', 'SeparateTaskHead']
+__all__ = ['CmtHead', 'ImageAuxHead', 'SeparateTaskHead']

@@ -12,7 +12,7 @@
   samples and their views' features ``[k * N, C, h, w]``) while the other
   passes and the aux head see the real ones.
 
-:meth:`CameraAids.cameras` turns the camera map and metas into
+:meth:`CameraAids.cameras` turns the camera map, metas and geometry into
 :class:`CameraInputs`: the camera memory ``img_feat [bs * N, C, h, w]`` and
 positions ``rv_pos [bs * N, h, w, C]`` of the single-modality passes, those of
 the fused pass and routing (with the black views swapped in) and its metas,
@@ -25,8 +25,10 @@ import torch
 from mmdet.models.builder import build_head
 from torch import Tensor, nn
 
+from ...attention import AttentionBias
 from ..aqr.aux_loss import dropped_modalities
 from ..utils.camera_blanking import FusedBlankViews, replace_sample_views, with_dropped_images
+from ..utils.camera_geometry import CameraGeometry
 from .camera_window_prior import CameraWindowPrior
 from .image_aux_head import IMAGE_AUX_PREFIX, ImageAuxOutputs
 from .pass_plan import DecoderMemory, PassPlan
@@ -118,18 +120,19 @@ class CameraAids:
         return tuple(draw and 'image' not in dropped_modalities(meta, i)
                      for i, (draw, meta) in enumerate(zip(draws, img_metas)))
 
-    def cameras(self, img_feat: Optional[Tensor], img_metas: Sequence[dict],
+    def cameras(self, img_feat: Optional[Tensor], img_metas: Sequence[dict], geometry: Optional[CameraGeometry],
                 fused_blank_views: Optional[FusedBlankViews], positions: PositionEmbedding,
                 training: bool) -> CameraInputs:
-        """The camera memory, positions and aux outputs of a forward pass (see the module docstring)."""
+        """The camera memory, positions and aux outputs of a forward pass (see the module docstring);
+        ``geometry`` is the batch's cameras (None without ``img_feat``)."""
         if img_feat is None:
             return CameraInputs(None, None, None, None, img_metas)
         image_aux = blank_depth = None
         if self.image_aux_head is not None and (training or self.camera_depth_position):
-            image_aux, blank_depth = self._image_aux(img_feat, img_metas, fused_blank_views)
+            image_aux, blank_depth = self._image_aux(img_feat, img_metas, geometry, fused_blank_views)
         token_depth = image_aux.depth.detach()[:, 0] if self.camera_depth_position else None
-        frustum_pos = positions.frustum(img_feat, img_metas)
-        rv_pos = positions.camera(frustum_pos, token_depth, img_metas)
+        frustum_pos = positions.frustum(img_feat, geometry)
+        rv_pos = positions.camera(frustum_pos, token_depth, geometry)
         image_aux = image_aux if training else None
         if fused_blank_views is None:
             return CameraInputs(img_feat, rv_pos, img_feat, rv_pos, img_metas, image_aux)
@@ -140,29 +143,31 @@ class CameraAids:
         if token_depth is not None:
             fused_depth = replace_sample_views(token_depth[:, None], samples, blank_depth.detach())[:, 0]
         return CameraInputs(img_feat, rv_pos, replace_sample_views(img_feat, samples, fused_blank_views.img_feat),
-                            positions.camera(frustum_pos, fused_depth, img_metas),
+                            positions.camera(frustum_pos, fused_depth, geometry),
                             with_dropped_images(img_metas, samples), image_aux, samples)
 
-    def _image_aux(self, img_feat: Tensor, img_metas: Sequence[dict], fused_blank_views: Optional[FusedBlankViews]
-                   ) -> Tuple[ImageAuxOutputs, Optional[Tensor]]:
+    def _image_aux(self, img_feat: Tensor, img_metas: Sequence[dict], geometry: CameraGeometry,
+                   fused_blank_views: Optional[FusedBlankViews]) -> Tuple[ImageAuxOutputs, Optional[Tensor]]:
         """The aux head's outputs on ``img_feat`` and, with ``fused_blank_views``, its depth ``[k * N, 1, h, w]`` of
         the black views (one batch, as the image backbone ran them, so that BatchNorm sees what it sees there)."""
         if fused_blank_views is None:
-            return self.image_aux_head(img_feat, img_metas), None
-        blank_metas = [meta for meta, blank in zip(img_metas, fused_blank_views.samples) if blank]
-        both = self.image_aux_head(torch.cat((img_feat, fused_blank_views.img_feat)), list(img_metas) + blank_metas)
+            return self.image_aux_head(img_feat, img_metas, geometry), None
+        blank = [index for index, drawn in enumerate(fused_blank_views.samples) if drawn]
+        both = self.image_aux_head(torch.cat((img_feat, fused_blank_views.img_feat)),
+                                   list(img_metas) + [img_metas[index] for index in blank],
+                                   geometry.select(list(range(len(img_metas))) + blank))
         depth = None if both.depth is None else both.depth[img_feat.size(0):]
         return both.first_samples(len(img_metas)), depth
 
     def window_prior_bias(self, reference_points: Tensor, img_feat: Optional[Tensor],
-                          img_metas: Sequence[dict]) -> Optional[Callable[[], object]]:
+                          geometry: Optional[CameraGeometry]) -> Optional[Callable[[], AttentionBias]]:
         """``camera_window_prior``'s bias maker for a pass that decodes camera tokens only (None without it).
 
         Args:
             reference_points (Tensor): ``[bs, P, 3]`` normalised, DN queries first.
             img_feat (Tensor, optional): ``[bs * N, C, h, w]`` camera memory
                 (a head with the prior has a camera).
-            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``.
+            geometry (CameraGeometry, optional): the batch's cameras (a head with the prior has them).
 
         Returns:
             callable: makes the ``AttentionBias`` over the ``P`` queries and ``N * h * w`` camera keys.
@@ -170,7 +175,7 @@ class CameraAids:
         if self.camera_window_prior is None:
             return None
         camera_shape = (img_feat.size(0) // reference_points.size(0), *img_feat.shape[-2:])
-        return lambda: self.camera_window_prior(reference_points, self.pc_range, camera_shape, img_metas)
+        return lambda: self.camera_window_prior(reference_points, self.pc_range, camera_shape, geometry)
 
     def loss(self, image_aux: Optional[ImageAuxOutputs], fused_black_samples: Optional[Sequence[bool]],
              gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], device: torch.device) -> Dict[str, Tensor]:

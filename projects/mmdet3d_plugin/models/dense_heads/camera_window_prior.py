@@ -22,6 +22,7 @@ from ...attention import AttentionBias
 from ...attention.bias.window_cells import check_window_size
 from ..aqr.bias_generator import local_window_bias
 from ..aqr.projection import project_to_camera_cells
+from ..utils.camera_geometry import CameraGeometry
 
 
 @MODELS.register_module()
@@ -47,7 +48,7 @@ class CameraWindowPrior(nn.Module):
         self.bias = float(bias)
 
     def forward(self, reference_points: Tensor, pc_range: Sequence[float], camera_shape: Tuple[int, int, int],
-                img_metas: Sequence[dict]) -> AttentionBias:
+                geometry: CameraGeometry) -> AttentionBias:
         """Build the bias.
 
         Args:
@@ -55,12 +56,12 @@ class CameraWindowPrior(nn.Module):
                 points of all the decoder's queries (DN queries included).
             pc_range (Sequence[float]): the head's point-cloud range.
             camera_shape (tuple[int, int, int]): ``(N, H_img, W_img)`` of the camera memory.
-            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape`` per sample.
+            geometry (CameraGeometry): the batch's ``lidar2img`` and per-view image and padded sizes.
 
         Returns:
             AttentionBias: over ``P`` queries and ``N * H_img * W_img`` keys, shared by all heads.
         """
-        pts_pers_idx, visible = project_to_camera_cells(reference_points, pc_range, camera_shape, img_metas)
+        pts_pers_idx, visible = project_to_camera_cells(reference_points, pc_range, camera_shape, geometry)
         amplitude = torch.full((visible.size(0), 1, visible.size(1)), self.bias, device=visible.device)
         return local_window_bias(dict(pts_pers_idx=pts_pers_idx, visible=visible), amplitude, camera_shape,
                                  self.window_size)

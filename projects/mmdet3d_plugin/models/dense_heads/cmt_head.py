@@ -1,51 +1,31 @@
 """CMT's detection head: a thin orchestrator of explicit parts, each built from one sub-config.
 
-``CmtHead`` decodes ``num_query`` learned anchor queries (plus denoising
-queries in training) against its memory of tokens and turns the decoder's
-outputs into per-task box predictions. What it decodes, and how, is in its
-parts:
+``CmtHead`` decodes ``num_query`` learned anchor queries (plus denoising queries in training) against its
+memory of tokens and turns the decoder's outputs into per-task box predictions. Its parts:
 
-* :class:`PassPlan` (``passes``): the head's tokens (``modalities``: BEV and
-  camera for fusion; the registry aliases ``CmtLidarHead`` / ``CmtImageHead``
-  are ``CmtHead`` with one of them) and its decoding passes (``modality_passes``,
-  separate decoders, the inference fallbacks, each pass's keys and bias);
-* :class:`QueryRouter` (``routing``): AQR's per-query modality weights -> an
-  ``AttentionBias`` on the cross-attention (or, legacy, modulated features);
-* :class:`CameraAids` (``camera_aids``): the image aux head, depth-aware camera
-  positions, the camera window prior, black camera views for the fused pass;
+* :class:`PassPlan` (``passes``): the head's tokens (``modalities``) and its decoding passes, with each pass's
+  keys, decoder and bias;
+* :class:`QueryRouter` (``routing``): AQR's per-query modality weights -> an ``AttentionBias``;
+* :class:`CameraAids` (``camera_aids``): the image aux head, depth-aware camera positions, the camera window
+  prior, black camera views for the fused pass;
 * :class:`PositionEmbedding`: the BEV, camera and query position embeddings;
-* :class:`DetectionLoss` (``losses``, ``denoising``): Hungarian-matched focal +
-  L1 losses and the DN losses of every pass.
+* :class:`DetectionLoss` (``losses``, ``denoising``): matched focal + L1 losses and the DN losses of every pass.
 
-Data flow of :meth:`CmtHead.forward` (``bs`` samples, ``C = hidden_dim``,
-``P = DN + Q`` queries, ``L`` decoder layers)::
+Data flow of :meth:`CmtHead.forward` (``bs`` samples, ``C = hidden_dim``, ``P = DN + Q`` queries, ``L`` layers)::
 
     pts_feats[0] [bs, in_channels, H, W] -> shared_conv -> [bs, C, H, W] ; img_feats[0] [bs * N, C, h, w]
+    img_metas -> CameraGeometry (lidar2img and inverse [bs, N, 4, 4], image sizes), read once for all parts
     -> queries: reference points [bs, P, 3], query_embed [bs, P, C]
     -> CameraAids.cameras -> camera memory and positions [bs * N, h, w, C]
     -> QueryRouter.route -> DecoderMemory with the cross-attention bias over [P, H * W + N * h * w]
     -> per pass: PassPlan.memory_of -> transformer -> [L, bs, P, C] -> task heads
     -> HeadOutputs (per task center, height, dim, rot, vel, cls_logits [L, bs, Q, .]; routing; passes; aux)
 
-Parameter names equal upstream CMT's (``shared_conv``, ``transformer``,
-``reference_points``, ``bev_embedding``, ``rv_embedding``, ``task_heads``; the
-parts' modules are registered on the head under ``aqr_weight_generator``,
-``attention_bias_generator``, ``separate_decoders``, ``image_aux_head``), so
-published checkpoints load. Old flat options (upstream CMT's, the design
-notes') are turned into the sub-configs by ``head_config.upgrade_head_config``,
-through which the registry names build.
-
-Outputs follow upstream CMT's regression layout: per query the branches
-``center (2), height (1), dim (3), rot (2), vel (2)`` are concatenated into one
-10-value code that is compared with :func:`normalize_bbox`'s
-``(cx, cy, log w, log l, cz, log h, sin, cos, vx, vy)``. ``center`` and
-``height`` are decoded to metres (sigmoid around the reference point); so the
-third slot, named ``height`` upstream, is the one trained against ``log w``
-(and ``dim``'s second value against ``cz``). Published checkpoints were trained
-with this layout, and :class:`MultiTaskBBoxCoder` decodes it the same way.
+Parameter names (``shared_conv``, ``transformer``, ``reference_points``, ``bev_embedding``, ``rv_embedding``,
+``task_heads``) and the regression layout equal upstream CMT's, so published checkpoints load.
 """
 import copy
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmcv.cnn import ConvModule
@@ -57,14 +37,16 @@ from mmdet.models.utils.transformer import inverse_sigmoid
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor, nn
 
+from ...attention import AttentionBias
+from ...config_upgrade import current_keys_only, register_legacy_types
 from ...utils.host_data import device_constant, host_to_device
 from ..utils.camera_blanking import FusedBlankViews
+from ..utils.camera_geometry import CameraGeometry
 from ..utils.denoising import DenoisingConfig, DenoisingQueries
 from .camera_aids import CameraAids
 from .cmt_head_loss import DetectionLoss
-from .head_config import HEAD_TYPES, upgrade_head_config
 from .head_outputs import HeadOutputs, PassOutputs, TaskPredictions, fp32_predictions
-from .pass_plan import FUSED, DecoderMemory, PassPlan, merge_sample_predictions, trained_samples
+from .pass_plan import FUSED, DecoderMemory, ModalityPass, PassPlan, merge_sample_predictions, trained_samples
 from .position_embedding import PositionEmbedding
 from .query_router import QueryRouter
 
@@ -83,8 +65,19 @@ LOSSES = dict(loss_cls=dict(type='FocalLoss', use_sigmoid=True, reduction='mean'
               loss_bbox=dict(type='L1Loss', reduction='mean', loss_weight=0.25))
 
 
+@HEADS.register_module()
+@current_keys_only
 class CmtHead(BaseModule):
-    """CMT's head (see the module docstring); registry names ``CmtHead``, ``CmtLidarHead``, ``CmtImageHead``.
+    """CMT's head (see the module docstring); takes its options grouped (``config_upgrade`` groups flat ones).
+
+    The parts' own modules are registered on the head as ``aqr_weight_generator``, ``attention_bias_generator``,
+    ``separate_decoders`` and ``image_aux_head``. Outputs follow upstream CMT's
+    regression layout: per query the branches ``center (2), height (1), dim (3), rot (2), vel (2)`` are
+    concatenated into one 10-value code compared with :func:`normalize_bbox`'s
+    ``(cx, cy, log w, log l, cz, log h, sin, cos, vx, vy)``. ``center`` and ``height`` are decoded to metres
+    (sigmoid around the reference point); so the third slot, named ``height`` upstream, is the one trained
+    against ``log w`` (and ``dim``'s second value against ``cz``). Published checkpoints were trained with this
+    layout, and :class:`MultiTaskBBoxCoder` decodes it the same way.
 
     Args:
         in_channels (int): channels of the BEV feature map (before ``shared_conv``).
@@ -259,13 +252,16 @@ class CmtHead(BaseModule):
         """
         bev_feat, img_feat = self._features(pts_feats, img_feats, img_metas, fused_blank_views)
         reference_points, self_attn_mask, dn_queries = self._queries(len(img_metas), gt_bboxes_3d, gt_labels_3d)
-        query_embed = self.positions.queries(reference_points, img_metas)
-        cameras = self.camera_aids.cameras(img_feat, img_metas, fused_blank_views, self.positions, self.training)
+        geometry = CameraGeometry.from_metas(img_metas, img_feat.device) if img_feat is not None else None
+        query_embed = self.positions.queries(reference_points, geometry)
+        cameras = self.camera_aids.cameras(img_feat, img_metas, geometry, fused_blank_views, self.positions,
+                                           self.training)
         memory = DecoderMemory(bev_feat, self.positions.bev(bev_feat), cameras.fused_img_feat, cameras.fused_rv_pos)
         num_dn = reference_points.size(1) - self.num_query
         oracle = not self.training and self.router.uses_oracle(self.test_cfg, type(self).__name__)
-        fused, routing = self.router.route(reference_points, query_embed, memory, cameras.fused_metas, num_dn, oracle)
-        prior = self.camera_aids.window_prior_bias(reference_points, img_feat, img_metas)
+        fused, routing = self.router.route(reference_points, query_embed, memory, cameras.fused_metas, geometry,
+                                           num_dn, oracle)
+        prior = self.camera_aids.window_prior_bias(reference_points, img_feat, geometry)
 
         def decode(modality_pass, pass_memory) -> TaskPredictions:
             return self._decode_pass(modality_pass, pass_memory, reference_points, query_embed, self_attn_mask,
@@ -333,8 +329,9 @@ class CmtHead(BaseModule):
         return (torch.cat((dn_queries.reference_points.to(anchors.dtype), anchors), dim=1), dn_queries.self_attn_mask,
                 dn_queries)
 
-    def _decode_pass(self, modality_pass, memory: DecoderMemory, reference_points: Tensor, query_embed: Tensor,
-                     self_attn_mask: Optional[Tensor], num_dn: int, camera_prior) -> TaskPredictions:
+    def _decode_pass(self, modality_pass: ModalityPass, memory: DecoderMemory, reference_points: Tensor,
+                     query_embed: Tensor, self_attn_mask: Optional[Tensor], num_dn: int,
+                     camera_prior: Optional[Callable[[], AttentionBias]]) -> TaskPredictions:
         """Decode the queries against the pass's keys (:meth:`PassPlan.memory_of`) with the pass's decoder."""
         memory = self.pass_plan.memory_of(modality_pass, memory, camera_prior)
         transformer, task_heads = self.pass_plan.decoder_of(modality_pass, (self.transformer, self.task_heads))
@@ -408,20 +405,4 @@ class CmtHead(BaseModule):
         return results
 
 
-def _registry_alias(name: str):
-    """The builder registered as ``name``: the config through :func:`upgrade_head_config`, then ``CmtHead``."""
-
-    def build(**cfg) -> CmtHead:
-        cfg = upgrade_head_config(dict(cfg, type=name))
-        cfg.pop('type')
-        return CmtHead(**cfg)
-
-    build.__name__ = build.__qualname__ = name
-    build.__doc__ = (f'``{name}`` of configs: ``CmtHead`` with the tokens {HEAD_TYPES[name]}, '
-                     f'from flat or grouped options (``head_config.upgrade_head_config``).')
-    return HEADS.register_module(name=name, module=build)
-
-
-for _name in HEAD_TYPES:
-    _registry_alias(_name)
-CmtLidarHead, CmtImageHead = HEADS.get('CmtLidarHead'), HEADS.get('CmtImageHead')
+register_legacy_types(HEADS, ('CmtLidarHead', 'CmtImageHead'))

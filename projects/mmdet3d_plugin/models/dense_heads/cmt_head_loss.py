@@ -2,35 +2,26 @@
 
 For every decoder layer and every task head:
 
-* **matching loss**: each sample's queries are matched one-to-one to the
-  task's ground-truth boxes (``HungarianAssigner3D``); the focal
-  classification loss covers all queries (unmatched ones are background) and
-  is averaged over ``max(num_pos + 0.1 * num_neg, 1)``; the L1 loss compares
-  the matched queries' 10-value codes with :func:`normalize_bbox` of their
-  boxes, weighted by ``train_cfg['code_weights']`` and averaged over
+* **matching loss**: each sample's queries are matched one-to-one to the task's ground-truth boxes
+  (``HungarianAssigner3D``); the focal classification loss covers all queries (unmatched ones are background)
+  and is averaged over ``max(num_pos + 0.1 * num_neg, 1)``; the L1 loss compares the matched queries' 10-value
+  codes with :func:`normalize_bbox` of their boxes, weighted by ``train_cfg['code_weights']`` and averaged over
   ``num_pos``.
-* **DN loss** (training with denoising queries): each DN query is compared
-  with the box it was made from, the classification averaged over
-  ``M * pi / 6 * split^3`` (the expected number of positive copies, as in
-  upstream CMT) and the L1 loss over the number of DN targets (averaged over
-  GPUs). A batch without any ground-truth box has no DN queries: its DN losses
-  are zeros attached to the graph, so the set of logged losses never changes.
+* **DN loss** (training with denoising queries): each DN query is compared with the box it was made from, the
+  classification averaged over ``M * pi / 6 * split^3`` (the expected number of positive copies, as in upstream
+  CMT) and the L1 loss over the number of DN targets (averaged over GPUs). A batch without any ground-truth box
+  has no DN queries: its DN losses are zeros attached to the graph, so the set of logged losses never changes.
 
-Keys: ``loss_cls`` / ``loss_bbox`` (last layer), ``d{i}.loss_cls`` / ``d{i}.loss_bbox``
+:class:`DetectionLoss` (built from the head's ``loss_cls``, ``loss_bbox``, ``train_cfg`` and ``denoising``
+options) takes the ground truth (per sample ``gt_bboxes_3d`` with velocity and ``gt_labels_3d [n]``) and the
+head's :class:`HeadOutputs` (per task ``[L, bs, Q, .]`` predictions, ``dn_`` ones ``[L, bs, pad, .]``) and
+returns scalar losses: ``loss_cls`` / ``loss_bbox`` (last layer), ``d{i}.loss_cls`` / ``d{i}.loss_bbox``
 (layer ``i``), and the same with ``dn_`` when DN training is on.
 
-:class:`DetectionLoss` (a part of ``CmtHead``, built from its ``loss_cls``,
-``loss_bbox``, ``train_cfg`` and ``denoising`` options) takes the ground truth
-(per sample ``gt_bboxes_3d`` with velocity and ``gt_labels_3d [n]``) and the
-head's :class:`HeadOutputs` (per task ``[L, bs, Q, .]`` predictions, ``dn_``
-ones ``[L, bs, pad, .]``) and returns these scalar losses.
-
-With per-modality decoding passes (``pass_plan.py``) every pass gets
-these losses, its own matching included; a single-modality pass's keys are
-prefixed with its name (``lidar.loss_cls``, ``lidar.d0.dn_loss_bbox``, ...),
-and ``<pass>.num_samples`` logs how many samples it trained on: samples
-whose input for the pass was dropped have no target and weight 0 (not
-matched, no DN target), and the averages count only the other samples.
+With per-modality decoding passes (``pass_plan.py``) every pass gets these losses, its own matching included;
+a single-modality pass's keys are prefixed with its name (``lidar.loss_cls``, ``lidar.d0.dn_loss_bbox``, ...),
+and ``<pass>.num_samples`` logs how many samples it trained on: samples whose input for the pass was dropped
+have no target and weight 0, and the averages count only the other samples.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple

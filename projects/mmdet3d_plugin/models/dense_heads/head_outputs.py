@@ -27,6 +27,8 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from torch import Tensor
 
 from ..utils.denoising import DenoisingQueries
+from .image_aux_head import ImageAuxOutputs
+from .query_router import QueryRouting
 
 #: per task, a one-element list of the prediction dict (upstream CMT's ``preds_dicts``)
 TaskPredictions = Tuple[List[Dict[str, Tensor]], ...]
@@ -59,9 +61,9 @@ class HeadOutputs(Sequence):
 
     tasks: TaskPredictions
     dn_queries: Optional[DenoisingQueries] = None
-    routing: Optional[object] = None
+    routing: Optional[QueryRouting] = None
     passes: Mapping[str, PassOutputs] = field(default_factory=dict)
-    image_aux: Optional[object] = None
+    image_aux: Optional[ImageAuxOutputs] = None
     fused_black_samples: Optional[Tuple[bool, ...]] = None
 
     def __getitem__(self, task: int) -> List[Dict[str, Tensor]]:

@@ -34,7 +34,7 @@ from mmdet.models.builder import HEADS, build_loss
 from torch import Tensor, nn
 
 from ...utils.host_data import host_to_device
-from ..utils.camera_geometry import pad_shape_hw, stack_lidar2img
+from ..utils.camera_geometry import CameraGeometry
 from ..utils.image_targets import (centre_heatmap_targets, object_depth_targets, project_box_centres,
                                    project_box_extents)
 from .pass_plan import MODALITY_PASSES, trained_samples
@@ -126,18 +126,18 @@ class ImageAuxHead(BaseModule):
         if self.with_depth:
             nn.init.constant_(self.depth.bias, math.log(self.init_depth))
 
-    def forward(self, img_feat: Tensor, img_metas: Sequence[dict]) -> ImageAuxOutputs:
+    def forward(self, img_feat: Tensor, img_metas: Sequence[dict], geometry: CameraGeometry) -> ImageAuxOutputs:
         """Predict heatmaps and depths of ``img_feat`` ``[bs * N, C, h, w]``.
 
         Args:
             img_feat (Tensor): ``[bs * N, C, h, w]``.
-            img_metas (Sequence[dict]): ``lidar2img``, ``pad_shape`` and
-                (optionally) ``dropped_modalities`` and ``corruption`` per sample.
+            img_metas (Sequence[dict]): (optionally) ``dropped_modalities`` and ``corruption`` per sample.
+            geometry (CameraGeometry): the ``bs`` samples' cameras (``lidar2img``, ``pad_hw``).
 
         Returns:
-            ImageAuxOutputs: predictions and the metas the loss reads.
+            ImageAuxOutputs: predictions and the geometry the loss reads.
         """
-        lidar2img = stack_lidar2img(img_metas, img_feat.device)
+        lidar2img = geometry.lidar2img
         if lidar2img.shape[:2].numel() != img_feat.size(0):
             raise ValueError(f'img_metas describe {lidar2img.size(0)} samples x {lidar2img.size(1)} views but the '
                              f'camera features have {img_feat.size(0)} maps')
@@ -147,7 +147,7 @@ class ImageAuxHead(BaseModule):
             log_depth = self.depth(feat)
             depth = log_depth.clamp(math.log(self.min_depth), math.log(MAX_DEPTH)).exp()
         return ImageAuxOutputs(heatmap=self.heatmap(feat), log_depth=log_depth, depth=depth, lidar2img=lidar2img,
-                               pad_hw=pad_shape_hw(img_metas),
+                               pad_hw=geometry.pad_hw,
                                trained=trained_samples(MODALITY_PASSES['camera'], img_metas))
 
     def targets(self, outputs: ImageAuxOutputs, gt_bboxes_3d: Sequence,

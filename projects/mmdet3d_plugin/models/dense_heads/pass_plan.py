@@ -1,18 +1,14 @@
 """``PassPlan``: which keys each decoding pass of ``CmtHead`` attends to, with which decoder, for which samples.
 
-One notion of a key set. A head's ``modalities`` are the tokens it has:
-``('lidar', 'camera')`` for fusion (``CmtHead``), ``('lidar',)`` for
-``CmtLidarHead``, ``('camera',)`` for ``CmtImageHead`` (registry aliases that
-set only this). Its fused pass attends to all of them; with
-``modality_passes=('fused', 'lidar', 'camera')`` (MEFormer / MoME stage 1:
-"cameras that see") training also decodes the same queries against the BEV
-tokens only and the camera tokens only, each with its own matching, DN and
-losses (``lidar.loss_cls``, ``camera.d0.dn_loss_bbox``, ...; the fused pass
-keeps CMT's names). Inference decodes the fused pass. The default
-``('fused',)`` is plain CMT.
+A head's ``modalities`` are the tokens it has: ``('lidar', 'camera')`` for fusion (``CmtHead``), ``('lidar',)``
+for ``CmtLidarHead``, ``('camera',)`` for ``CmtImageHead`` (registry aliases that set only this). Its fused pass
+attends to all of them; with ``modality_passes=('fused', 'lidar', 'camera')`` (MEFormer / MoME stage 1: "cameras
+that see") training also decodes the same queries against the BEV tokens only and the camera tokens only, each
+with its own matching, DN and losses (``lidar.loss_cls``, ``camera.d0.dn_loss_bbox``, ...; the fused pass keeps
+CMT's names). Inference decodes the fused pass. The default ``('fused',)`` is plain CMT.
 
-Inputs and outputs of :meth:`PassPlan.memory_of` (``bs`` samples, ``C``
-channels, ``P`` queries, ``K = H * W + N * h * w`` fused keys)::
+Inputs and outputs of :meth:`PassPlan.memory_of` (``bs`` samples, ``C`` channels, ``P`` queries,
+``K = H * W + N * h * w`` fused keys)::
 
     DecoderMemory(bev_feat [bs, C, H, W], bev_pos [H * W, C], img_feat [bs * N, C, h, w],
                   rv_pos [bs * N, h, w, C], cross_attn_bias over [P, K])
@@ -20,15 +16,12 @@ channels, ``P`` queries, ``K = H * W + N * h * w`` fused keys)::
          and the bias restricted to the pass's keys (``AttentionBias.restrict_keys``), or, for a pass
          that decodes camera tokens only, the ``camera_only_bias`` given (``camera_window_prior``)
 
-Other options: ``pass_decoders='separate'`` gives each single-modality pass its
-own transformer and task heads (``separate_decoders.<pass>.*``, MoME's
-experts); ``lidar_free_pass='camera'`` decodes at inference the samples whose
-point cloud is empty with the camera pass, ``camera_free_pass='lidar'`` those
-whose camera images are all blank with the LiDAR pass (:meth:`PassPlan.inference_passes`,
-:func:`merge_sample_predictions`); a sample without either keeps the fused pass.
-A single-modality pass learns only from the samples whose input for it arrived
-whole: not dropped by ``ModalMask3D``, not changed by a sensor corruption of the
-training pipeline (:func:`trained_samples`).
+``pass_decoders='separate'`` gives each single-modality pass its own transformer and task heads
+(``separate_decoders.<pass>.*``, MoME's experts). At inference ``lidar_free_pass='camera'`` decodes the samples
+whose point cloud is empty with the camera pass, ``camera_free_pass='lidar'`` those whose camera images are all
+blank with the LiDAR pass (:meth:`PassPlan.inference_passes`, :func:`merge_sample_predictions`); a sample
+without either keeps the fused pass. A single-modality pass learns only from the samples whose input for it
+arrived whole: not dropped by ``ModalMask3D``, not changed by a training corruption (:func:`trained_samples`).
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
@@ -37,7 +30,7 @@ import torch
 from mmcv.runner import ModuleDict
 from torch import Tensor, nn
 
-from ...attention import restrict_keys
+from ...attention import DecoderBias, restrict_keys
 from ...datasets.pipelines.corruption import CORRUPTION_KEY, corruption_mode
 from ...datasets.pipelines.modal_mask_3d import MODALITY_RESULTS_KEYS
 from ..aqr.aux_loss import dropped_modalities
@@ -93,7 +86,12 @@ class DecoderMemory(NamedTuple):
     bev_pos: Optional[Tensor]
     img_feat: Optional[Tensor]
     rv_pos: Optional[Tensor]
-    cross_attn_bias: object = None
+    cross_attn_bias: Optional[DecoderBias] = None
+
+    def grid_shapes(self) -> Tuple[Tuple[int, int], Tuple[int, int, int]]:
+        """``(H, W)`` of the BEV tokens and ``(N, h, w)`` of the camera tokens (a memory with both)."""
+        bev_feat, img_feat = self.bev_feat, self.img_feat
+        return tuple(bev_feat.shape[-2:]), (img_feat.size(0) // bev_feat.size(0), *img_feat.shape[-2:])
 
 
 class PassPlan:
@@ -213,7 +211,7 @@ class PassPlan:
         return shared
 
     def memory_of(self, modality_pass: ModalityPass, memory: DecoderMemory,
-                  camera_only_bias: Optional[Callable[[], object]] = None) -> DecoderMemory:
+                  camera_only_bias: Optional[Callable[[], DecoderBias]] = None) -> DecoderMemory:
         """What ``modality_pass`` attends to (see the module docstring).
 
         Args:

@@ -7,7 +7,7 @@ samples, ``N`` views, ``D = depth_num``):
   ``bev_embedding(pos2embed(cell centre))`` (row-major).
 * :meth:`PositionEmbedding.frustum`: camera map ``[bs * N, C, h, w]`` ->
   ``[bs * N, h, w, C]``: each cell's frustum (``D`` depths) lifted to LiDAR
-  coordinates with ``inverse(lidar2img)``, normalised by ``pc_range`` and
+  coordinates with ``img2lidar``, normalised by ``pc_range`` and
   embedded by ``rv_embedding`` (``3 * D`` inputs).
 * :meth:`PositionEmbedding.token_depth`: depths ``[bs * N, h, w]`` (metres) ->
   ``[bs * N, h, w, C]``, ``bev_embedding(pos2embed(p))`` of each pixel centre
@@ -18,8 +18,9 @@ samples, ``N`` views, ``D = depth_num``):
   camera, the sum over the views that see ``r`` of the ``rv_embedding`` of the
   frustum through its projection.
 
-Not an ``nn.Module``: the head registers ``bev_embedding`` / ``rv_embedding``
-under upstream CMT's names; this part holds the geometry.
+The camera geometry comes from the forward's :class:`CameraGeometry`. Not an
+``nn.Module``: the head registers ``bev_embedding`` / ``rv_embedding`` under
+upstream CMT's names; this part holds the geometry.
 """
 from typing import Optional, Sequence
 
@@ -27,7 +28,7 @@ import torch
 from mmdet.models.utils.transformer import inverse_sigmoid
 from torch import Tensor, nn
 
-from ..utils.camera_geometry import lift_pixels, pad_shape_hw, project_to_views, stack_img2lidar, stack_lidar2img
+from ..utils.camera_geometry import CameraGeometry, lift_pixels, project_to_views
 from ..utils.image_targets import lift_cell_centres
 from ..utils.positional_encoding import (bev_grid_coords, denormalize_points, depth_bins, image_frustum_points,
                                          normalize_points, pos2embed)
@@ -56,50 +57,48 @@ class PositionEmbedding:
         height, width = bev_feat.shape[-2:]
         return self.bev_embedding(pos2embed(bev_grid_coords(height, width, bev_feat.device), self.hidden_dim))
 
-    def frustum(self, img_feat: Tensor, img_metas: Sequence[dict]) -> Tensor:
+    def frustum(self, img_feat: Tensor, geometry: CameraGeometry) -> Tensor:
         """``rv_embedding`` of the camera feature cells' frustums, ``[bs * N, h, w, C]``.
 
-        Depends on the features' shape and the metas (``lidar2img``, ``pad_shape``) only, not on their values.
+        Depends on the features' shape and the geometry (``img2lidar``, ``pad_hw``) only, not on their values.
         """
-        img2lidar = stack_img2lidar(img_metas, img_feat.device)
-        bs, num_views = img2lidar.shape[:2]
+        bs, num_views = geometry.img2lidar.shape[:2]
         if bs * num_views != img_feat.size(0):
             raise ValueError(f'img_metas describe {bs} samples x {num_views} views but the camera features have '
                              f'{img_feat.size(0)} maps')
-        img2lidar = img2lidar.flatten(0, 1)
+        img2lidar = geometry.img2lidar.flatten(0, 1)
         depths = depth_bins(self.depth_num, self.pc_range[3], img_feat.device)
-        frustum = image_frustum_points(img_feat.shape[-2:], pad_shape_hw(img_metas), depths)
+        frustum = image_frustum_points(img_feat.shape[-2:], geometry.pad_hw, depths)
         points = torch.einsum('hwdo,nco->nhwdc', frustum, img2lidar)[..., :3]
         return self.rv_embedding(normalize_points(points, self.pc_range).flatten(-2))
 
-    def token_depth(self, token_depth: Tensor, img_metas: Sequence[dict]) -> Tensor:
+    def token_depth(self, token_depth: Tensor, geometry: CameraGeometry) -> Tensor:
         """``bev_embedding`` of the camera cells' pixel centres lifted to ``token_depth`` ``[bs * N, h, w]``."""
-        img2lidar = stack_img2lidar(img_metas, token_depth.device).flatten(0, 1)
-        points = lift_cell_centres(token_depth, img2lidar, pad_shape_hw(img_metas))
+        points = lift_cell_centres(token_depth, geometry.img2lidar.flatten(0, 1), geometry.pad_hw)
         return self.bev_embedding(pos2embed(normalize_points(points, self.pc_range).clamp(0, 1), self.hidden_dim))
 
-    def camera(self, frustum_pos: Tensor, token_depth: Optional[Tensor], img_metas: Sequence[dict]) -> Tensor:
+    def camera(self, frustum_pos: Tensor, token_depth: Optional[Tensor], geometry: CameraGeometry) -> Tensor:
         """``frustum_pos`` ``[bs * N, h, w, C]`` plus, with ``token_depth``, :meth:`token_depth`."""
         if token_depth is None:
             return frustum_pos
-        return frustum_pos + self.token_depth(token_depth, img_metas)
+        return frustum_pos + self.token_depth(token_depth, geometry)
 
-    def queries(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
-        """Embedding ``[bs, P, C]`` of the queries' reference points ``[bs, P, 3]`` (normalised)."""
+    def queries(self, reference_points: Tensor, geometry: Optional[CameraGeometry]) -> Tensor:
+        """Embedding ``[bs, P, C]`` of the queries' reference points ``[bs, P, 3]`` (normalised); ``geometry``
+        may be None without a camera (no ``rv_embedding``)."""
         reference_points = inverse_sigmoid(reference_points).sigmoid()
         embed = self.bev_embedding(pos2embed(reference_points, self.hidden_dim))
         if self.rv_embedding is not None:
-            embed = embed + self.camera_queries(reference_points, img_metas)
+            embed = embed + self.camera_queries(reference_points, geometry)
         return embed
 
-    def camera_queries(self, reference_points: Tensor, img_metas: Sequence[dict]) -> Tensor:
+    def camera_queries(self, reference_points: Tensor, geometry: CameraGeometry) -> Tensor:
         """Sum over the views that see each reference point of its frustum embedding, ``[bs, P, C]``."""
-        lidar2img = stack_lidar2img(img_metas, reference_points.device)
-        if lidar2img.size(0) != reference_points.size(0):
-            raise ValueError(f'{lidar2img.size(0)} img_metas for a batch of {reference_points.size(0)}')
+        if geometry.batch_size != reference_points.size(0):
+            raise ValueError(f'{geometry.batch_size} img_metas for a batch of {reference_points.size(0)}')
         points = denormalize_points(reference_points, self.pc_range)
-        image_points, visible = project_to_views(points, lidar2img, pad_shape_hw(img_metas))
+        image_points, visible = project_to_views(points, geometry.lidar2img, geometry.pad_hw)
         depths = depth_bins(self.depth_num, self.pc_range[3], points.device)
-        frustums = lift_pixels(image_points, depths, stack_img2lidar(img_metas, points.device))
+        frustums = lift_pixels(image_points, depths, geometry.img2lidar)
         embeds = self.rv_embedding(normalize_points(frustums, self.pc_range).flatten(-2))
         return (embeds * visible.unsqueeze(-1)).sum(dim=1)

@@ -6,26 +6,23 @@ Turning a CMT config into CMT-AQR means adding to its ``CmtHead``::
     attention_bias_config=dict(type='AttentionBiasGenerator', window_size=15, bias_scale=1.0,
                                use_local_bias=True, fp16=True),
 
-which the head's config upgrade (``head_config.py``) moves into its
-``routing`` sub-config. Data flow of :meth:`QueryRouter.route` (``bs``
-samples, ``P = DN + Q`` queries, ``C`` channels)::
+which the head's config upgrade moves into its ``routing`` sub-config. Data flow of :meth:`QueryRouter.route`
+(``bs`` samples, ``P = DN + Q`` queries, ``C`` channels)::
 
     reference_points [bs, P, 3] (normalised), query_embed [bs, P, C]  (the Q matching queries are routed)
-    + bev_feat [bs, C, H, W], bev_pos [H * W, C], img_feat [bs * N, C, h, w], rv_pos [bs * N, h, w, C], img_metas
+    + bev_feat [bs, C, H, W], bev_pos [H * W, C], img_feat [bs * N, C, h, w], rv_pos [bs * N, h, w, C],
+      CameraGeometry (lidar2img [bs, N, 4, 4], image sizes [bs, N, 2]), img_metas
       -> AQRWeightGenerator -> lidar_weights, camera_weights [bs, Q], projection_info
          (pts_bev [bs, Q, 2], pts_idx [bs, Q], pts_pers_idx [bs, Q, 3], visible [bs, Q])
-      -> BiasModulation (AttentionBiasGenerator) -> AttentionBias (or PerLayer of them) over
+      -> AttentionBiasGenerator -> AttentionBias (or PerLayer of them) over
          [DN queries ; Q] x [BEV keys ; camera keys] (DN queries: zero bias), features unchanged
          or, legacy (modulation='feature'), FeatureModulation -> modulated features, no bias
     -> (DecoderMemory with the bias, QueryRouting)
 
-Without ``aqr_config`` the router is off: the memory passes unchanged, no
-bias (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` (``oracle=True``)
-replaces the learned weights at test time by the input's truth (LiDAR 1 where
-a query's BEV window holds points, camera 1 where a live view sees its
-reference point): the headroom routing could add. The new parameters live
-under the head's ``aqr_weight_generator.`` and ``attention_bias_generator.``
-(:attr:`QueryRouter.modules`), so a CMT checkpoint loads with only those missing.
+Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` replaces the learned
+weights at test time by the input's truth (LiDAR 1 where a query's BEV window holds points, camera 1 where a live
+view sees its reference point): the headroom routing could add. New parameters live under ``aqr_weight_generator.``
+and ``attention_bias_generator.`` (:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -34,8 +31,10 @@ import torch
 from mmdet.models.builder import MODELS
 from torch import Tensor, nn
 
-from ..aqr.feature_modulation import BiasModulation, FeatureModulation
+from ..aqr.bias_generator import AttentionBiasGenerator
+from ..aqr.feature_modulation import FeatureModulation
 from ..aqr.routing_targets import live_camera_views, lidar_occupancy, oracle_routing_weights
+from ..utils.camera_geometry import CameraGeometry
 from ..utils.img_meta_keys import LIDAR_POINTS_KEY
 from .pass_plan import DecoderMemory
 
@@ -63,12 +62,14 @@ class QueryRouting:
             ``pts_pers_idx``, ``visible`` (see ``project_reference_points``).
         img_metas (Sequence[dict]): the batch's metas (``dropped_modalities``
             feeds the auxiliary routing loss).
+        geometry (CameraGeometry): the batch's cameras (the per-query routing loss projects with them).
     """
 
     lidar_weights: Tensor
     camera_weights: Tensor
     projection_info: Dict[str, Tensor]
     img_metas: Sequence[dict]
+    geometry: CameraGeometry
 
 
 def routing_of(outputs) -> Optional[QueryRouting]:
@@ -84,13 +85,18 @@ class QueryRouter:
 
     Args:
         weight_generator (nn.Module, optional): ``AQRWeightGenerator``; None: routing off.
-        modulation (BiasModulation | FeatureModulation, optional): applies the weights.
+        bias_generator (AttentionBiasGenerator, optional): makes the
+            cross-attention bias of the weights (``modulation='attention_bias'``).
+        feature_modulation (FeatureModulation, optional): scales the features
+            by the weights instead (legacy ``modulation='feature'``).
         pc_range (Sequence[float]): the head's point-cloud range.
     """
 
-    def __init__(self, weight_generator: Optional[nn.Module] = None, modulation=None,
-                 pc_range: Sequence[float] = ()) -> None:
-        self.weight_generator, self.modulation, self.pc_range = weight_generator, modulation, list(pc_range)
+    def __init__(self, weight_generator: Optional[nn.Module] = None,
+                 bias_generator: Optional[AttentionBiasGenerator] = None,
+                 feature_modulation: Optional[FeatureModulation] = None, pc_range: Sequence[float] = ()) -> None:
+        self.weight_generator, self.pc_range = weight_generator, list(pc_range)
+        self.bias_generator, self.feature_modulation = bias_generator, feature_modulation
 
     @classmethod
     def build(cls, routing: Optional[dict], hidden_dim: int, decoder: nn.Module, fusion: bool,
@@ -132,7 +138,7 @@ class QueryRouter:
             if bias_config is not None:
                 raise ValueError(f"{head_name}: attention_bias_config is unused with modulation='feature'; remove it "
                                  f"or set modulation='attention_bias'")
-            return cls(weight_generator, FeatureModulation(renderer, modulator), pc_range)
+            return cls(weight_generator, feature_modulation=FeatureModulation(renderer, modulator), pc_range=pc_range)
         if bias_config is None:
             raise ValueError(f"{head_name}: modulation='attention_bias' needs attention_bias_config, e.g. "
                              f"dict(type='AttentionBiasGenerator', window_size=15, bias_scale=1.0)")
@@ -140,7 +146,7 @@ class QueryRouter:
             raise ValueError(f"{head_name}: weight_renderer_config / feature_modulator_config belong to "
                              f"modulation='feature', not 'attention_bias'")
         defaults = dict(num_heads=decoder.layers[0].attentions[1].num_heads, num_layers=len(decoder.layers))
-        return cls(weight_generator, BiasModulation(MODELS.build(dict(defaults, **bias_config))), pc_range)
+        return cls(weight_generator, MODELS.build(dict(defaults, **bias_config)), pc_range=pc_range)
 
     @property
     def enabled(self) -> bool:
@@ -150,13 +156,13 @@ class QueryRouter:
     @property
     def modulates_features(self) -> bool:
         """Whether the weights scale the features (legacy ``modulation='feature'``) instead of biasing the attention."""
-        return isinstance(self.modulation, FeatureModulation)
+        return self.feature_modulation is not None
 
     @property
     def modules(self) -> Dict[str, Optional[nn.Module]]:
         """``{name on the head: module}`` in the order they were built (None: absent)."""
-        modules = dict(aqr_weight_generator=self.weight_generator, attention_bias_generator=None)
-        return dict(modules, **(self.modulation.modules if self.modulation is not None else {}))
+        modules = dict(aqr_weight_generator=self.weight_generator, attention_bias_generator=self.bias_generator)
+        return dict(modules, **(self.feature_modulation.modules if self.modulates_features else {}))
 
     def uses_oracle(self, test_cfg: Optional[dict], owner: str = 'CmtHead') -> bool:
         """Whether testing replaces the learned weights by the input's truth (``test_cfg['aqr_routing']``)."""
@@ -168,15 +174,17 @@ class QueryRouter:
         return self.enabled and self.weight_generator.with_query_targets
 
     def route(self, reference_points: Tensor, query_embed: Tensor, memory: DecoderMemory, img_metas: Sequence[dict],
-              num_dn: int, oracle: bool = False) -> Tuple[DecoderMemory, Optional[QueryRouting]]:
+              geometry: CameraGeometry, num_dn: int, oracle: bool = False
+              ) -> Tuple[DecoderMemory, Optional[QueryRouting]]:
         """Route the matching queries (the last ``P - num_dn``) and return what the decoder gets.
 
         Args:
             reference_points (Tensor): ``[bs, P, 3]`` normalised, DN queries first.
             query_embed (Tensor): ``[bs, P, C]``.
             memory (DecoderMemory): the fused pass's tokens and positions (no bias yet).
-            img_metas (Sequence[dict]): ``lidar2img``, ``img_shape``, ``pad_shape``
-                (and ``lidar_points`` for the oracle).
+            img_metas (Sequence[dict]): ``dropped_modalities`` (and ``lidar_points``
+                and the dead views for the oracle).
+            geometry (CameraGeometry): the batch's cameras (:meth:`CameraGeometry.from_metas`).
             num_dn (int): DN queries at the front.
             oracle (bool): the input's truth instead of the learned weights.
 
@@ -188,14 +196,19 @@ class QueryRouter:
             return memory, None
         bev_feat, img_feat = memory.bev_feat, memory.img_feat
         lidar_weights, camera_weights, info = self.weight_generator(
-            query_embed[:, num_dn:], reference_points[:, num_dn:], bev_feat, img_feat, img_metas, self.pc_range,
+            query_embed[:, num_dn:], reference_points[:, num_dn:], bev_feat, img_feat, geometry, self.pc_range,
             bev_pos=memory.bev_pos, img_pos=memory.rv_pos)
+        bev_shape, camera_shape = memory.grid_shapes()
         if oracle:
-            lidar_weights, camera_weights = self._oracle_weights(info, tuple(bev_feat.shape[-2:]),
-                                                                 img_feat.size(0) // bev_feat.size(0), img_metas)
-        modulated = self.modulation(lidar_weights, camera_weights, info, bev_feat, img_feat, num_dn)
-        return (memory._replace(**modulated._asdict()),
-                QueryRouting(lidar_weights, camera_weights, info, img_metas))
+            lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas)
+        routing = QueryRouting(lidar_weights, camera_weights, info, img_metas, geometry)
+        if self.modulates_features:
+            bev_feat, img_feat = self.feature_modulation(lidar_weights, camera_weights, info, bev_feat, img_feat,
+                                                         bev_shape, camera_shape)
+            return memory._replace(bev_feat=bev_feat, img_feat=img_feat), routing
+        bias = self.bias_generator(lidar_weights, camera_weights, info, bev_shape, camera_shape, num_dn_queries=num_dn,
+                                   feature_dtype=bev_feat.dtype)
+        return memory._replace(cross_attn_bias=bias), routing
 
     def _oracle_weights(self, info: Dict[str, Tensor], bev_shape: Tuple[int, int], num_views: int,
                         img_metas: Sequence[dict]) -> Tuple[Tensor, Tensor]:
@@ -233,5 +246,5 @@ class QueryRouter:
                                  f'each ground-truth box; CmtDetector.forward_train counts them)')
             centres = [boxes.gravity_center.to(routing.lidar_weights.device) for boxes in gt_bboxes_3d]
             losses.update(generator.query_loss(routing.lidar_weights, routing.camera_weights, matched_objects,
-                                               centres, gt_num_points, routing.img_metas))
+                                               centres, gt_num_points, routing.img_metas, routing.geometry))
         return losses

@@ -39,8 +39,8 @@ class SeparateTaskHead(BaseModule):
             a Kaiming init here, but its heads sit in a plain ``nn.ModuleList``
             that mmcv's ``init_weights`` never enters, so the published models
             were trained from the default init; Kaiming (fan-out) on the output
-            convs would start the centre offsets at a logit std of ~3.4 and the
-            log-sizes at ~2.5 (measured), saturating the centre sigmoid.
+            convs would start the centre offsets and the log-sizes at outputs of
+            several units, saturating the centre sigmoid.
     """
 
     def __init__(self,

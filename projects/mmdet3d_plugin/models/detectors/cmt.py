@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention import pop_inexact_rows
+from ...config_upgrade import upgrade_model_config
 from ...mmcv_custom.device_log import parse_losses_on_device, read_scalars
 from ...utils.host_data import host_to_device, permitted_host_sync
 from ..aqr.routing_targets import count_points_in_boxes
@@ -51,19 +52,19 @@ class CmtDetector(MVXTwoStageDetector):
             (``voxel_size``, ``point_cloud_range``, ``max_num_points``,
             ``max_voxels``, ``num_point_features``); built here with spconv 2,
             which runs on CPU and GPU, instead of mmcv's ``Voxelization``.
-        pts_head (dict, optional): the design notes' shorthand for
-            ``pts_bbox_head``; raises a ``ValueError`` naming the key to use.
         **kwargs: the other ``MVXTwoStageDetector`` arguments
             (``pts_voxel_encoder``, ``pts_middle_encoder``, ``pts_backbone``,
             ``pts_neck``, ``img_backbone``, ``img_neck``, ``pts_bbox_head``,
-            ``train_cfg``, ``test_cfg``, ``init_cfg``, ...).
+            ``train_cfg``, ``test_cfg``, ``init_cfg``, ...), first through
+            :func:`~projects.mmdet3d_plugin.config_upgrade.upgrade_model_config`
+            (legacy keys rewritten with a log line, or refused naming the key
+            to use), so a model built from Python takes the same configs as
+            the tools.
     """
 
-    def __init__(self, use_grid_mask: bool = False, pts_voxel_layer: Optional[dict] = None,
-                 pts_head: Optional[dict] = None, **kwargs) -> None:
-        if pts_head is not None:
-            raise ValueError(f"{type(self).__name__}: pts_head is the design notes' shorthand; the head's key is "
-                             f"pts_bbox_head (model=dict(pts_bbox_head=dict(type='CmtHead', ...)))")
+    def __init__(self, use_grid_mask: bool = False, pts_voxel_layer: Optional[dict] = None, **kwargs) -> None:
+        kwargs = upgrade_model_config(dict(kwargs, type=type(self).__name__))
+        kwargs.pop('type')
         super().__init__(pts_voxel_layer=None, **kwargs)
         self.use_grid_mask = use_grid_mask
         if use_grid_mask:

@@ -1,5 +1,5 @@
 """Transformer, attention and geometry building blocks of CMT."""
-from ...attention.per_layer import PerLayer
+from ...attention.bias import PerLayer
 from .cmt_transformer import CmtTransformer
 from .grid_mask import GridMask
 from .group_layer_norm import GroupLayerNorm1d

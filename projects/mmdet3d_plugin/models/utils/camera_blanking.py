@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ...utils.host_data import host_to_device
 from ..aqr.aux_loss import DROPPED_MODALITIES_KEY
-from ..aqr.projection import image_sizes_from_metas
+from .camera_geometry import image_sizes_from_metas
 
 
 class FusedBlankViews(NamedTuple):

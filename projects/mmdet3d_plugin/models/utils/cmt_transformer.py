@@ -3,10 +3,11 @@
 ``CmtTransformer`` builds the memory from the tokens it is given: ``[BEV
 tokens ; camera tokens]`` with both, one modality's tokens when the other's
 features are None (a LiDAR-only or camera-only head, a single-modality
-decoding pass of ``CmtHead``). ``CmtLidarTransformer`` and
-``CmtImageTransformer``, upstream CMT's registry names of its LiDAR-only and
-camera-only transformers, are aliases of it: which keys a head decodes is the
-head's choice (``PassPlan``), not the transformer's. It owns no parameters
+decoding pass of ``CmtHead``): which keys a head decodes is the head's
+choice (``PassPlan``), not the transformer's. Upstream CMT's names of its
+LiDAR-only and camera-only transformers, ``CmtLidarTransformer`` and
+``CmtImageTransformer``, are legacy names that ``config_upgrade`` rewrites
+(registered only to refuse, naming ``CmtTransformer``). It owns no parameters
 besides the decoder's, so upstream checkpoints map onto
 ``transformer.decoder.*`` unchanged.
 
@@ -21,6 +22,9 @@ from mmcv.cnn import xavier_init
 from mmcv.cnn.bricks.transformer import build_transformer_layer_sequence
 from mmcv.runner.base_module import BaseModule
 from mmdet.models.utils.builder import TRANSFORMER
+
+from ...attention.bias import DecoderBias
+from ...config_upgrade import register_legacy_types
 
 
 def flatten_bev(bev_feat: torch.Tensor) -> torch.Tensor:
@@ -66,8 +70,6 @@ def camera_memory(img_feat: torch.Tensor, rv_pos_embed: torch.Tensor,
     return flatten_views(img_feat.permute(0, 2, 3, 1), batch_size), flatten_views(rv_pos_embed, batch_size)
 
 
-@TRANSFORMER.register_module(name='CmtLidarTransformer')
-@TRANSFORMER.register_module(name='CmtImageTransformer')
 @TRANSFORMER.register_module()
 class CmtTransformer(BaseModule):
     """Queries attend to ``[BEV tokens ; camera tokens]``, or to the tokens of one of them.
@@ -90,7 +92,7 @@ class CmtTransformer(BaseModule):
         self._is_init = True
 
     def _decode(self, memory: torch.Tensor, pos_embed: torch.Tensor, query_embed: torch.Tensor,
-                self_attn_mask: Optional[torch.Tensor], cross_attn_bias) -> torch.Tensor:
+                self_attn_mask: Optional[torch.Tensor], cross_attn_bias: Optional[DecoderBias]) -> torch.Tensor:
         """Decode zero-initialised queries against ``memory``.
 
         Args:
@@ -98,8 +100,8 @@ class CmtTransformer(BaseModule):
             pos_embed (Tensor): ``[K, bs, C]``.
             query_embed (Tensor): ``[bs, Q, C]`` query positional embeddings.
             self_attn_mask (Tensor, optional): ``[Q, Q]`` bool, True = blocked.
-            cross_attn_bias (Tensor | AttentionBias, optional): mask or
-                additive bias on the ``[bs, heads, Q, K]`` cross-attention scores.
+            cross_attn_bias (DecoderBias, optional): mask or additive bias on
+                the ``[bs, heads, Q, K]`` cross-attention scores (a ``PerLayer``: one per layer).
 
         Returns:
             Tensor: ``[num_layers, bs, Q, C]``.
@@ -121,7 +123,7 @@ class CmtTransformer(BaseModule):
     def forward(self, x: Optional[torch.Tensor], x_img: Optional[torch.Tensor], query_embed: torch.Tensor,
                 bev_pos_embed: Optional[torch.Tensor], rv_pos_embed: Optional[torch.Tensor],
                 self_attn_mask: Optional[torch.Tensor] = None,
-                cross_attn_bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                cross_attn_bias: Optional[DecoderBias] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode.
 
         Args:
@@ -133,7 +135,7 @@ class CmtTransformer(BaseModule):
             bev_pos_embed (Tensor, optional): ``[H * W, C]`` (with ``x``).
             rv_pos_embed (Tensor, optional): ``[bs * N, h, w, C]`` (with ``x_img``).
             self_attn_mask (Tensor, optional): ``[Q, Q]`` bool (DN mask).
-            cross_attn_bias (Tensor | AttentionBias, optional): over the keys
+            cross_attn_bias (DecoderBias, optional): over the keys
                 given, ``K = H * W + N * h * w`` with both, in the module
                 docstring's order.
 
@@ -151,3 +153,5 @@ class CmtTransformer(BaseModule):
         memory, pos_embed = (torch.cat(tensors, dim=0) for tensors in zip(*parts))
         return self._decode(memory, pos_embed, query_embed, self_attn_mask, cross_attn_bias), memory
 
+
+register_legacy_types(TRANSFORMER, ('CmtLidarTransformer', 'CmtImageTransformer'))

@@ -22,29 +22,31 @@ from torch import nn
 
 from ...attention.backends.base import dense_additive_bias
 from ...attention.backends.math import reference_probabilities
+from ...attention.bias import LayerBias
 from ...attention.dispatch import apply_attention
+from ...config_upgrade import current_keys_only
 
 
 @ATTENTION.register_module()
+@current_keys_only
 class PETRMultiheadAttention(MultiheadAttention):
     """mmcv ``MultiheadAttention`` registered under upstream CMT's name.
 
     Upstream's class is a copy of mmcv's; configs and checkpoints that name
     ``PETRMultiheadAttention`` get the same module (keys ``attn.in_proj_weight``,
     ``attn.in_proj_bias``, ``attn.out_proj.*``). mmcv's class silently ignores
-    unknown keyword arguments; this one raises for them (e.g. the design notes'
-    ``use_flashbias``, an option of :class:`PETRMultiheadFlashAttention`).
+    unknown keyword arguments; this one raises for them.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         unknown = sorted(set(kwargs) - {'dropout'})
         if unknown:
-            hint = '; use_flashbias is an option of PETRMultiheadFlashAttention' if 'use_flashbias' in unknown else ''
-            raise ValueError(f'{type(self).__name__}: unsupported argument(s) {unknown}{hint}')
+            raise ValueError(f'{type(self).__name__}: unsupported argument(s) {unknown}')
         super().__init__(*args, **kwargs)
 
 
-def attn_mask_to_bias(attn_mask, batch_size: int, num_heads: int, num_queries: int, num_keys: int):
+def attn_mask_to_bias(attn_mask: Optional[LayerBias], batch_size: int, num_heads: int, num_queries: int,
+                      num_keys: int) -> Optional[LayerBias]:
     """Bring an ``nn.MultiheadAttention``-style mask to ``apply_attention``'s bias layout.
 
     Args:
@@ -97,14 +99,14 @@ class BiasedMultiheadAttention(nn.Module):
         backend (str): ``apply_attention`` backend (``'auto'``, ``'math'``,
             ``'sdpa'``, ``'segment'``, ``'flashbias'``, ``'flex'``,
             ``'flash_attn'``).
-        prefer_flashbias (bool): with ``backend='auto'``, run ``'flashbias'``
-            whenever it applies the call exactly and otherwise what ``'auto'``
-            picks (``apply_attention(prefer='flashbias')``, which logs the
-            choice and why flashbias was skipped).
+        prefer (str, optional): with ``backend='auto'``, the backend to run
+            whenever it applies the call exactly, otherwise what ``'auto'``
+            picks (``apply_attention``'s ``prefer``, which logs the choice and
+            why the preferred backend was skipped). Default: None.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, attn_drop: float = 0.0,
-                 backend: str = 'auto', prefer_flashbias: bool = False) -> None:
+                 backend: str = 'auto', prefer: Optional[str] = None) -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f'embed_dim {embed_dim} is not divisible by num_heads {num_heads}')
@@ -112,11 +114,10 @@ class BiasedMultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.attn_drop = attn_drop
-        if prefer_flashbias and backend != 'auto':
-            raise ValueError(f"prefer_flashbias (use_flashbias=True) needs backend='auto', got backend={backend!r}; "
-                             f"set one of them")
+        if prefer is not None and backend != 'auto':
+            raise ValueError(f"prefer={prefer!r} needs backend='auto', got backend={backend!r}; set one of them")
         self.backend = backend
-        self.prefer_flashbias = prefer_flashbias
+        self.prefer = prefer
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -148,7 +149,7 @@ class BiasedMultiheadAttention(nn.Module):
                              f'{tuple(key_padding_mask.shape)}')
         return key_padding_mask.bool()
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias=None,
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: Optional[LayerBias] = None,
                 key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attend.
 
@@ -171,11 +172,11 @@ class BiasedMultiheadAttention(nn.Module):
             key_padding_mask=self._checked_padding(key_padding_mask, bs, num_keys),
             backend=self.backend,
             dropout_p=self.attn_drop if self.training else 0.0,
-            prefer='flashbias' if self.prefer_flashbias else None)
+            prefer=self.prefer)
         out = out.transpose(1, 2).reshape(bs, num_queries, self.embed_dim)
         return self.out_proj(out)
 
-    def attention_weights(self, query: torch.Tensor, key: torch.Tensor, bias=None,
+    def attention_weights(self, query: torch.Tensor, key: torch.Tensor, bias: Optional[LayerBias] = None,
                           key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The attention probabilities :meth:`forward` applies to the same inputs (without dropout), for analysis.
 
@@ -200,6 +201,7 @@ class BiasedMultiheadAttention(nn.Module):
 
 
 @ATTENTION.register_module()
+@current_keys_only
 class PETRMultiheadFlashAttention(BaseModule):
     """CMT's cross-attention, with the mmcv attention call signature and an honest mask.
 
@@ -223,11 +225,11 @@ class PETRMultiheadFlashAttention(BaseModule):
             argument, so the published models were trained with no dropout on
             the cross-attention probabilities and 0.1 on the residual branch.
             Keeping ``attn_drop = 0`` also lets the fast attention kernels run.
-        use_flashbias (bool): the design notes' switch: prefer the
-            ``'flashbias'`` backend where it applies the mask or bias exactly
-            (no mask, or low-rank biases such as AQR's global bias), otherwise
-            run what ``backend='auto'`` picks; the fallback is logged with its
-            reason. Needs ``backend='auto'``. Default: False.
+        prefer (str, optional): a backend to run where it applies the mask or
+            bias exactly, otherwise what ``backend='auto'`` picks; the fallback
+            is logged with its reason. ``'flashbias'`` applies no mask and
+            low-rank biases such as AQR's global bias. Needs ``backend='auto'``.
+            Default: None.
     """
 
     def __init__(self,
@@ -241,7 +243,7 @@ class PETRMultiheadFlashAttention(BaseModule):
                  backend: str = 'auto',
                  bias: bool = True,
                  dropout: Optional[float] = None,
-                 use_flashbias: bool = False) -> None:
+                 prefer: Optional[str] = None) -> None:
         super().__init__(init_cfg)
         if dropout is not None:
             dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=dropout)
@@ -249,7 +251,7 @@ class PETRMultiheadFlashAttention(BaseModule):
         self.num_heads = num_heads
         self.batch_first = batch_first
         self.attn = BiasedMultiheadAttention(embed_dims, num_heads, bias=bias, attn_drop=attn_drop,
-                                             backend=backend, prefer_flashbias=use_flashbias)
+                                             backend=backend, prefer=prefer)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dropout_layer = build_dropout(dropout_layer) if dropout_layer else nn.Identity()
 
@@ -265,7 +267,7 @@ class PETRMultiheadFlashAttention(BaseModule):
                 identity: Optional[torch.Tensor] = None,
                 query_pos: Optional[torch.Tensor] = None,
                 key_pos: Optional[torch.Tensor] = None,
-                attn_mask=None,
+                attn_mask: Optional[LayerBias] = None,
                 key_padding_mask: Optional[torch.Tensor] = None,
                 **kwargs) -> torch.Tensor:
         """Attention with identity connection, positional encodings added to query and key.

@@ -7,7 +7,7 @@ denoising mask, bool ``[Q, Q]``), index 1 the cross-attention (a mask or
 additive bias, e.g. AQR's). Gradient checkpointing (``with_cp``) keeps every
 argument, the masks included.
 """
-from typing import Optional
+from typing import List, Optional, Sequence, Union
 
 import torch
 from mmcv.cnn import build_norm_layer
@@ -15,12 +15,13 @@ from mmcv.cnn.bricks.registry import TRANSFORMER_LAYER, TRANSFORMER_LAYER_SEQUEN
 from mmcv.cnn.bricks.transformer import BaseTransformerLayer, TransformerLayerSequence
 from torch.utils.checkpoint import checkpoint
 
-from ...attention.per_layer import PerLayer
+from ...attention.bias import DecoderBias, LayerBias, PerLayer
 
 _CMT_OPERATIONS = {'self_attn', 'norm', 'cross_attn', 'ffn'}
 
 
-def _layer_masks(attn_masks, layer: int, num_layers: int):
+def _layer_masks(attn_masks: Union[None, torch.Tensor, Sequence[Optional[DecoderBias]]], layer: int,
+                 num_layers: int) -> Union[None, torch.Tensor, List[Optional[LayerBias]]]:
     """``attn_masks`` as layer ``layer`` sees it: every :class:`PerLayer` entry replaced by its element."""
     if attn_masks is None or isinstance(attn_masks, torch.Tensor):
         return attn_masks
@@ -108,7 +109,7 @@ class PETRTransformerDecoderLayer(BaseTransformerLayer):
                 value: Optional[torch.Tensor] = None,
                 query_pos: Optional[torch.Tensor] = None,
                 key_pos: Optional[torch.Tensor] = None,
-                attn_masks=None,
+                attn_masks: Union[None, torch.Tensor, Sequence[Optional[LayerBias]]] = None,
                 query_key_padding_mask: Optional[torch.Tensor] = None,
                 key_padding_mask: Optional[torch.Tensor] = None,
                 **kwargs) -> torch.Tensor:

@@ -4,15 +4,14 @@
   bias-free fused kernels (the merge, the window correction, the backward);
 * :mod:`.fused_lse`: the bias-free fused kernels that also return their
   log-sum-exp;
-* :mod:`.window_slots`: sparse products over each query's window key slots
-  (:class:`SlotPattern`, also the AQR local attention's: re-exported by
-  ``attention``);
 * :mod:`.exact_rows`: the exact recomputation of the rows whose window
   correction cancels, with its shape-only budget and the overflow count
   (:func:`pop_inexact_rows`, re-exported by ``attention``).
+
+The window correction runs on the slot products of ``attention.slots``
+(:class:`SlotPattern`, shared with the AQR local window attention).
 """
 from .backend import SegmentBackend
 from .exact_rows import ExactRowBudget, pop_inexact_rows
-from .window_slots import SlotPattern
 
-__all__ = ['SegmentBackend', 'ExactRowBudget', 'pop_inexact_rows', 'SlotPattern']
+__all__ = ['SegmentBackend', 'ExactRowBudget', 'pop_inexact_rows']

@@ -1,39 +1,26 @@
 """``segment``: exact segment-constant and windowed biases on top of bias-free fused attention.
 
-**Segment bias** (constant per query over each contiguous key segment, the
-AQR global bias). The bias-free fused kernel runs once per segment ``s`` and
-returns ``o_s`` and ``lse_s``; with ``a_s = lse_s + b_s`` the exact output is
-``out = sum_s softmax_s(a_s) o_s`` (the split-KV combine of flash-decoding).
+**Segment bias** (constant per query over each contiguous key segment, the AQR global bias). The bias-free
+fused kernel runs once per segment ``s`` and returns ``o_s`` and ``lse_s``; with ``a_s = lse_s + b_s`` the
+exact output is ``out = sum_s softmax_s(a_s) o_s`` (the split-KV combine of flash-decoding).
 
-**Window bias** (non-zero on at most ``L`` gathered keys per query, the AQR
-local bias). With ``e^{x + w} = e^x + e^x (e^w - 1)``, the windowed softmax is
-the bias-free one plus a correction over each query's gathered keys ``j``:
-``Z = sum_s e^{a_s} + sum_j c_j`` and ``out = (sum_s e^{a_s} o_s + sum_j c_j v_j) / Z``
-with ``c_j = e^{x_j + g_j} (e^{w_j} - 1)``, ``x_j`` the key's score and ``g_j``
-its segment bias. Everything is shifted by the row maximum, and ``c_j`` is
-the difference of two exponentials that are both at most 1. When the
-correction removes most of the mass (a very negative ``w`` on keys that
-dominate the row), the subtraction is ill-conditioned; those rows are detected
-(``Z < tol * sum_s e^{a_s}``) and recomputed exactly with the reference over
-all keys (:mod:`.exact_rows`: every flagged row on the CPU; elsewhere a budget
-of rows set by the call's shapes alone, never a crash or a host
-synchronisation).
+**Window bias** (non-zero on at most ``L`` gathered keys per query, the AQR local bias). With
+``e^{x + w} = e^x + e^x (e^w - 1)`` the windowed softmax is the bias-free one plus a correction over each
+query's gathered keys ``j``: ``Z = sum_s e^{a_s} + sum_j c_j``, ``out = (sum_s e^{a_s} o_s + sum_j c_j v_j) / Z``
+with ``c_j = e^{x_j + g_j} (e^{w_j} - 1)``, ``x_j`` the key's score and ``g_j`` its segment bias, all shifted
+by the row maximum. Where the correction removes most of the mass (``Z < tol * sum_s e^{a_s}``) the
+subtraction is ill-conditioned; those rows are recomputed exactly over all keys (:mod:`.exact_rows`: every
+such row on the CPU; elsewhere a budget of rows set by the shapes alone, with no host synchronisation).
 
-**Backward** (a custom ``autograd.Function``). With ``pi_s = e^{a_s} / Z`` the
-probability of key ``k`` in segment ``s`` is ``pi_s p_s(k)`` plus, for a
-window key, ``c_k / Z``. So the fused backward of each segment, called with
-``grad_out = pi_s dO`` and the *merged* output (its row term
-``D = dO . out`` is then the full one), gives that segment's share of
-``dq, dk, dv``; the window keys add ``dS_j = (c_j / Z)(dO . v_j - D)``; and
-``dL/db_s = pi_s (dO . o_s - D) + sum_{j in s} dS_j``,
-``dL/dw_j = P_j (dO . v_j - D)`` with ``P_j`` the key's full probability.
+**Backward** (a custom ``autograd.Function``). With ``pi_s = e^{a_s} / Z`` the probability of key ``k`` in
+segment ``s`` is ``pi_s p_s(k)`` plus, for a window key, ``c_k / Z``. The fused backward of each segment,
+called with ``grad_out = pi_s dO`` and the merged output (so ``D = dO . out`` is the full row term), gives that
+segment's share of ``dq, dk, dv``; the window keys add ``dS_j = (c_j / Z)(dO . v_j - D)``;
+``dL/db_s = pi_s (dO . o_s - D) + sum_{j in s} dS_j`` and ``dL/dw_j = P_j (dO . v_j - D)``, ``P_j`` the key's
+full probability.
 
-No tensor of size ``Q * K`` is ever made; the window part costs
-``O(Q * L * heads * d)`` time and ``O(Q * L * heads)`` memory with the slot
-products of :mod:`.window_slots`: on the CPU sparse products with no gathered
-copy of the keys; elsewhere gathered slot rows in chunks of queries of bounded
-size and one ``scatter_add_`` per chunk, without ``embedding_bag`` (the pattern
-knows the slots' validity, so its invalid slots never pile onto one key).
+No tensor of size ``Q * K`` is made: the window part costs ``O(Q * L * heads * d)`` time and
+``O(Q * L * heads)`` memory through the slot products of ``attention.slots``.
 """
 import bisect
 from typing import List, Optional, Tuple
@@ -47,13 +34,13 @@ from ...bias.window import cat_slots
 from ..base import AttentionBackend, AttentionCall, segment_window_reasons, sum_broadcast_heads
 from .exact_rows import budget_of, recompute_rows
 from .fused_lse import fused_attention_with_lse, fused_attention_with_lse_backward, fused_lse_not_supported_reasons
-from .window_slots import SlotPattern, default_formulation
+from ...slots import SlotPattern, default_formulation
 
 #: rows whose corrected normaliser keeps less than this share of the mass it
 #: was computed from are recomputed exactly (per input dtype)
 CANCELLATION_TOLERANCE = {torch.float16: 0.25, torch.bfloat16: 0.25}
 #: float32 too: the fused kernels' exponentials are a few ulp off (CPU: ~1e-6 relative), which a row keeping a
-#: share r of its mass amplifies by 1 / r; below a quarter the gradients leave 1e-5 (measured up to 3.5e-4)
+#: share r of its mass amplifies by 1 / r; below a quarter the gradients' errors grow past 1e-5
 DEFAULT_CANCELLATION_TOLERANCE = 0.25
 
 

@@ -19,8 +19,8 @@ float32, float16 and bfloat16, head dims up to :data:`MAX_HEAD_DIM`; no
 dropout. CUDA tensors, or CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1``, how the CPU tests check it against ``math``).
 ``auto`` tries it first where :data:`~...dispatch.STRUCTURED_BIAS_FIRST` names
-the device type (CUDA by default: measured on an H200, faster than
-``segment`` and dense ``sdpa`` for both AQR biases, docs/gpu.md).
+the device type (CUDA by default: faster on the GPU than ``segment`` and
+dense ``sdpa`` for both AQR biases; see docs/results.md).
 """
 import functools
 from typing import List, Tuple
@@ -31,7 +31,7 @@ from torch import Tensor
 from ...bias import SegmentBias, WindowBias
 from ..base import AttentionBackend, AttentionCall, segment_window_reasons, sum_broadcast_heads
 from ..segment.backend import segment_layout
-from ..triton_device import triton_not_supported_reasons
+from ...triton_device import triton_not_supported_reasons
 from . import ops
 from .tables import TileBiasTables, key_cells, window_centres
 
@@ -40,8 +40,8 @@ MAX_HEAD_DIM = 128
 #: input dtypes of the kernels (accumulated in float32)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: oldest CUDA compute capability the kernels run on: their products use tensor cores in ``tf32x3`` (float32) and
-#: bfloat16, which need Ampere (8.0); measured on 9.0 (H200), compiled for 8.0 without a GPU
-#: (``tools/kernel_registers.py --arch 80``). On an older GPU ``auto`` falls back to the size rule's backends
+#: bfloat16, which need Ampere (8.0); ``tools/kernel_registers.py --arch 80`` compiles them for 8.0 without a GPU.
+#: On an older GPU ``auto`` falls back to the size rule's backends
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
 

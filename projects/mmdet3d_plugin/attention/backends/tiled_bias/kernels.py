@@ -1,36 +1,27 @@
 """Triton kernels of the ``tiled_bias`` backend: attention whose segment and window bias is computed inside each
 ``[BLOCK_Q, BLOCK_K]`` tile of scores, from the queries' centres and the keys' cells.
 
-Three kernels, in the manner of FlashAttention-2 (online softmax in the
-forward, the scores recomputed in the backward from the saved log-sum-exp):
+Three kernels, in the manner of FlashAttention-2 (online softmax in the forward, the scores recomputed in the
+backward from the saved log-sum-exp):
 
-* :func:`tiled_bias_forward`: one program per (sample x head, block of
-  queries) runs over the key tiles; returns the output and the float32
-  log-sum-exp ``[bs, heads, Q]`` of the biased scores;
-* :func:`tiled_bias_backward`: a program per (sample x head, block of keys)
-  accumulates ``dk`` and ``dv`` over the query blocks, and a program per
-  (sample x head, block of queries) accumulates ``dq`` and the gradients of
-  the bias terms over the key blocks. A query's bias terms (its window
-  amplitude per grid, its value per key segment) get the row sums of the
-  score gradient ``dS = P (dP - D)`` weighted by their coefficients, so they
-  are reduced in registers: no atomics, no ``[Q, K]`` tensor.
+* :func:`tiled_bias_forward`: a program per (sample x head, block of queries) runs over the key tiles and
+  returns the output and the float32 log-sum-exp ``[bs, heads, Q]`` of the biased scores;
+* :func:`tiled_bias_backward`: a program per (sample x head, block of keys) accumulates ``dk`` and ``dv``, and
+  one per (sample x head, block of queries) ``dq`` and the gradients of the query's bias terms (window amplitude
+  per grid, value per key segment): row sums of ``dS = P (dP - D)`` weighted by their coefficients, reduced in
+  registers (no atomics, no ``[Q, K]`` tensor).
 
 The bias of query ``q`` and key ``k`` (:func:`_tile_bias`)::
 
     values[q, segment(k)] + amplitude[grid(k), q] * max(0, 1 - |cell(k) - centre[grid(k), q]| * inv_half[grid(k)])
 
-with the window term only where the key's plane is the query's centre plane
-on the key's grid (``centre`` plane -1: the query has no window there). The
-key and query tables are built by :mod:`.tables`.
+with the window term only where the key's plane is the query's centre plane on the key's grid (``centre`` plane
+-1: no window there); :mod:`.tables` builds the key and query tables.
 
-This module imports Triton; :mod:`.backend` imports it only when the backend
-runs (Triton is a CUDA extra, never imported when the package is). The kernels
-run on CUDA tensors, and on CPU tensors under Triton's interpreter
-(``TRITON_INTERPRET=1`` set before this module is imported), which is how the
-CPU tests check them against ``math``. Float32 inputs multiply in
-``tf32x3`` (three TF32 products, about float32's accuracy, what PyTorch's
-float32 memory-efficient kernel does on tensor cores); float16 / bfloat16 in
-their own precision, all accumulated in float32.
+This module imports Triton (:mod:`.backend` imports it only when the backend runs). The kernels run on CUDA
+tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (set before import), how the CPU tests check them
+against ``math``. Float32 inputs multiply in ``tf32x3`` (about float32's accuracy on tensor cores), float16 /
+bfloat16 in their own precision, all accumulated in float32.
 """
 from typing import Tuple
 
@@ -39,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..triton_blocks import query_block_program
+from ...triton_blocks import query_block_program
 
 from .launch import launch_of
 from .tables import TileBiasTables
@@ -88,7 +79,7 @@ def _tile_bias(b, h, queries, rows, keys, cols, keys_ptr, num_keys, centres_ptr,
 @triton.jit
 def _mm(a, b, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
     """``a @ b`` accumulated in float32; ``WIDEN``: the operands widened to float32 first (bfloat16 on Triton's
-    interpreter, whose ``tl.dot`` misreads bfloat16 operands: errors of 1e10 measured with Triton 3.7)."""
+    interpreter, whose ``tl.dot`` misreads bfloat16 operands in Triton 3.7)."""
     if WIDEN:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
     return tl.dot(a, b, input_precision=PRECISION)

@@ -22,16 +22,12 @@ class Launch(NamedTuple):
     num_warps: int
 
 
-#: per (kernel, input precision: ``'float32'`` or ``'half'``), the launch of every call, for sm_90 (H100 / H200) at
-#: head dim 32 with the AQR bias (2 grids, 2 segments). ``tools/kernel_registers.py --sweep`` (no GPU) reports the
-#: registers, spills and machine instructions a score costs (loop x warps / tile): no spills with Triton 3.7 (3.6.0,
-#: the H200's: 20 B in the float32 forward, 28 / 96 B in the float32 gradients). The forward takes 64-query
-#: blocks: with 32 and 4 warps Triton's attention layout gives each warp 16 whole rows, so two warps repeat the other
-#: two (float32, Triton 3.6.0: 7.5 instructions per score against 3.2 at 64 x 64); on an H200 (float32 forward,
-#: 900 queries, R50 and VoV, batch 1 and 2, local and global bias) 64 x 64 x 4 was the fastest of four launches or
-#: within 0.02 of it in all eight cases, 0.51-1.04x bias-free SDPA against 0.72-1.50x for 32 x 32 x 4 (docs/gpu.md,
-#: "Fifth run"). The gradient kernels keep the launches measured on the H200 (fwd+bwd
-#: 0.43-0.65x bias-free SDPA); 16-query blocks give the 900-query calls enough programs for 132 multiprocessors.
+#: per (kernel, input precision: ``'float32'`` or ``'half'``), the launch of every call, chosen for sm_90 at head
+#: dim 32 with the AQR bias (2 grids, 2 segments). ``tools/kernel_registers.py --sweep`` (no GPU) reports the
+#: registers, spills and machine instructions a score costs for any launch. The forward takes 64-query blocks: with
+#: 32 and 4 warps Triton's attention layout gives each warp 16 whole rows, so two warps repeat the other two; 64 x 64
+#: x 4 was the fastest forward in the GPU launch sweep (``--tiled-bias-launch``, see docs/results.md). The gradient
+#: kernels take 16- and 32-query blocks so that a 900-query call has a program for every multiprocessor.
 LAUNCH = {
     ('forward', 'float32'): Launch(64, 64, 4),
     ('key_grad', 'float32'): Launch(32, 64, 4),

@@ -1,0 +1,104 @@
+"""diagnostics/model_benchmark.py: B runs with A's weights, the tiny configs shrink every grid, ``freeze`` and
+``cfg_options`` reach both models, and the tables name the settings a mode ran with."""
+import pytest
+import torch
+
+from projects.mmdet3d_plugin.diagnostics.model_benchmark import (SHAPES, TINY, ModelBenchmarkOptions, build_detector,
+                                                          build_pair, load_config, make_batch, make_run,
+                                                          share_weights, shrink_config)
+from projects.mmdet3d_plugin.diagnostics.model_benchmark_tables import markdown_tables
+from projects.mmdet3d_plugin.diagnostics.part_timer import PartTimer
+
+DEMO_PAIR = ('configs/demo/cmt_synthetic_tiny.py', 'configs/demo/cmt_aqr_synthetic_tiny.py')
+R50_PAIR = SHAPES['r50']
+
+
+def _tiny(**options) -> ModelBenchmarkOptions:
+    return ModelBenchmarkOptions(tiny=True, **options).resolved()
+
+
+def test_b_runs_with_the_weights_of_a():
+    args = _tiny()
+    cfg_a, cfg_b = (load_config(path, args) for path in R50_PAIR)
+    model_a, model_b = build_detector(cfg_a, seed=1), build_detector(cfg_b, seed=2)
+    before = {name: value.clone() for name, value in model_b.state_dict().items()}
+    state_a = model_a.state_dict()
+    assert any(not torch.equal(state_a[name], before[name]) for name in state_a)  # other seed, other weights
+
+    shared = share_weights(model_a, model_b)
+
+    assert sorted(shared) == sorted(state_a)  # CMT-AQR has every tensor of CMT
+    after = model_b.state_dict()
+    for name in shared:
+        assert torch.equal(after[name], state_a[name]), name
+    own = [name for name in after if name not in state_a]
+    assert own and all(name.startswith(('pts_bbox_head.aqr_weight_generator.',
+                                        'pts_bbox_head.attention_bias_generator.')) for name in own)
+    for name in own:
+        assert torch.equal(after[name], before[name]), name
+
+
+def test_tiny_shrinks_the_grids_and_refuses_a_partial_block():
+    args = _tiny()
+    cfg = load_config(R50_PAIR[0], args)
+    grid = round(2 * TINY['half_range'] / 0.1)
+    tiny_range = [-9.6, -9.6, -5.0, 9.6, 9.6, 3.0]
+    assert cfg.point_cloud_range == cfg.model.pts_voxel_layer.point_cloud_range == tiny_range
+    assert cfg.model.pts_bbox_head.bbox_coder.pc_range == cfg.model.train_cfg.pts.assigner.pc_range == tiny_range
+    assert cfg.model.pts_middle_encoder.sparse_shape == [41, grid, grid]
+    assert cfg.model.train_cfg.pts.grid_size == cfg.model.test_cfg.pts.grid_size == [grid, grid, 40]
+    assert tuple(cfg.ida_aug_conf['final_dim']) == (64, 160) and cfg.model.pts_bbox_head.num_query == 60
+    pillars = load_config(DEMO_PAIR[0], args)
+    assert pillars.model.pts_middle_encoder.output_shape == [48, 48]  # 19.2 m of 0.4 m pillars
+    with pytest.raises(ValueError, match='multiple of 16 voxels'):
+        shrink_config(cfg, half_range=10.0)  # 200 voxels of 0.1 m
+    with pytest.raises(ValueError, match='multiples of 32'):
+        shrink_config(cfg, image_size=(64, 150))
+
+
+def test_freeze_keeps_a_module_out_of_the_training_step():
+    args = _tiny(configs=list(DEMO_PAIR), freeze=['img_backbone'])
+    models, cfgs, _ = build_pair(DEMO_PAIR, args)
+    batch = make_batch(cfgs[0], args)
+    for model, cfg in zip(models, cfgs):
+        before = {name: value.detach().clone() for name, value in model.named_parameters()}
+        make_run(model, cfg, 'train', batch, PartTimer(torch.device('cpu')))()
+        for name, value in model.img_backbone.named_parameters(prefix='img_backbone'):
+            assert not value.requires_grad and value.grad is None and torch.equal(value, before[name]), name
+        assert any(not torch.equal(value, before[name]) for name, value in model.img_neck.named_parameters(
+            prefix='img_neck'))
+
+
+def test_freeze_refuses_an_unknown_module():
+    args = _tiny(configs=list(DEMO_PAIR), freeze=['image_backbone'])
+    with pytest.raises(ValueError, match=r"no submodule 'image_backbone' \(it has: .*img_backbone"):
+        build_pair(DEMO_PAIR, args)
+
+
+def test_cfg_options_reach_both_models_and_the_table():
+    args = _tiny(configs=list(DEMO_PAIR), cfg_options={'model.img_backbone.frozen_stages': 1,
+                                                       'model.img_backbone.norm_eval': True})
+    models, cfgs, _ = build_pair(DEMO_PAIR, args)
+    for model in models:
+        assert model.img_backbone.frozen_stages == 1 and model.img_backbone.norm_eval
+    result = dict(shape='custom', mode='train', frozen=[], cfg_options=dict(args.cfg_options), configs=list(DEMO_PAIR),
+                  ratio=dict(median=1.0, min=1.0, max=1.0), median_ms=dict(A=1.0, B=1.0),
+                  peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}])
+    assert '| custom | train (model.img_backbone.frozen_stages=1; model.img_backbone.norm_eval=True) |' in (
+        markdown_tables([result]))
+
+
+def test_freed_memory_is_kept_only_when_asked_and_only_on_the_cpu(monkeypatch):
+    """``--keep-freed-memory`` changes the timing process's allocator on the CPU; by default (and on CUDA) the host
+    allocator is left as it comes, so the ratios stay comparable with the earlier measurements."""
+    from projects.mmdet3d_plugin.diagnostics import model_benchmark
+    calls = []
+    monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: calls.append(True) or True)
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions()) == 'host malloc as it comes' and not calls
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True, device='cuda')) == \
+        'host malloc as it comes' and not calls
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True)) == \
+        'freed host memory kept (glibc mallopt)' and calls == [True]
+    monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: False)
+    assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True)) == \
+        'host malloc as it comes (not glibc)'
