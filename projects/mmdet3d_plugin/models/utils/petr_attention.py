@@ -230,6 +230,15 @@ class BiasedMultiheadAttention(nn.Module):
         return reference_probabilities(q, k, dense, self.head_dim ** -0.5)
 
 
+def set_attention_dtype(model: nn.Module, option: str) -> int:
+    """Set ``attention_dtype`` of every cross-attention (:class:`BiasedMultiheadAttention`) in ``model``; returns how
+    many there are (``tools/benchmark_model.py``, ``tools/check_gpu.py --attention-dtype``)."""
+    modules = [module for module in model.modules() if isinstance(module, BiasedMultiheadAttention)]
+    for module in modules:
+        module.attention_dtype = option
+    return len(modules)
+
+
 @ATTENTION.register_module()
 @current_keys_only
 class PETRMultiheadFlashAttention(BaseModule):
