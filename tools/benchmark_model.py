@@ -10,8 +10,9 @@ Examples::
     python tools/benchmark_model.py --shapes vov --modes train --freeze img_backbone
     # the full VoV training step, with the image backbone's activations checkpointed (less memory)
     python tools/benchmark_model.py --shapes vov --modes train --cfg-options model.img_backbone.with_cp=True
-    # on a GPU, the AQR biases through the tiled_bias kernels
-    python tools/benchmark_model.py --device cuda --pairs 3 --prefer-backend tiled_bias
+    # on a GPU: half-precision cross-attention (the default, as upstream CMT), then the float32 pair
+    python tools/benchmark_model.py --device cuda --pairs 3
+    python tools/benchmark_model.py --device cuda --pairs 3 --attention-dtype float32
     # any two configs; tiny shapes (seconds)
     python tools/benchmark_model.py --configs A.py B.py --tiny
 
@@ -19,7 +20,8 @@ B gets A's weights, both run the same fixed synthetic batch, alternately
 (A B A B ...) after the warm-up; the tables give each one's median time, the
 median of the paired ratios B/A with their min and max, the peak memory and
 the mean milliseconds of every part (indented rows are part of the row above
-them). How each number is measured: ``projects/mmdet3d_plugin/diagnostics/model_benchmark.py``.
+them); each row states the attention kernels and precision each model ran. How
+each number is measured: ``projects/mmdet3d_plugin/diagnostics/model_benchmark.py``.
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ from projects.mmdet3d_plugin.attention.slots.window_slots import (FORMULATION_NA
 from projects.mmdet3d_plugin.diagnostics.model_benchmark import (MODES, SHAPES, TINY, ModelBenchmarkOptions,
                                                                  run_model_benchmark)
 from projects.mmdet3d_plugin.diagnostics.model_benchmark_tables import markdown_tables
+from tools.cli.attention_dtype import add_attention_dtype_argument
 from tools.cli.tiled_bias_launch import add_tiled_bias_launch_argument, apply_tiled_bias_launches
 
 DEFAULTS = ModelBenchmarkOptions()
@@ -82,6 +85,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "tiled_bias: the bias inside the kernel's tiles, CUDA only); calls it cannot run fall "
                              'back to the usual choice, logged')
     add_tiled_bias_launch_argument(parser)
+    add_attention_dtype_argument(parser)
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.warmup < 0 or (args.boxes is not None and args.boxes < 1):

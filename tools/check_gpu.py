@@ -4,6 +4,7 @@ Examples::
 
     python tools/check_gpu.py                  # on the GPU: R50 and VoV shapes, every dtype
     python tools/check_gpu.py --device cpu     # tiny shapes on the CPU (seconds; run by the test suite)
+    python tools/check_gpu.py --attention-dtype float32   # training and model benchmark in float32 attention
 
 Checks, each printed as it runs: the attention backends' accuracy against
 float64 ``math`` (every dtype and bias), the gradient of AQR's learned
@@ -22,6 +23,7 @@ import torch
 
 from projects.mmdet3d_plugin.diagnostics.attention_cases import KEY_LAYOUTS
 from projects.mmdet3d_plugin.diagnostics.gpu_check import TOLERANCES, GpuCheckOptions, failure_summary, run_gpu_checks
+from tools.cli.attention_dtype import add_attention_dtype_argument
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -34,6 +36,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--steps', type=int, default=20, help='training iterations of the demo model')
     parser.add_argument('--repeats', type=int, default=5, help='timed runs per backend')
     parser.add_argument('--skip-benchmark', action='store_true')
+    add_attention_dtype_argument(parser)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error('no CUDA device is visible to torch; run with --device cpu for the CPU self-test')

@@ -45,19 +45,21 @@ CUDA_BACKENDS = ('auto', 'segment', 'flashbias', 'sdpa', 'math')
 BIAS_HEADS = (1, HEADS)
 
 
-def _fake_problem(kind, dtype, bias_heads=1):
-    """q, k, v and an AQR-like bias of ``bias_heads`` heads on fake CUDA (call inside a FakeTensorMode)."""
+def _fake_problem(kind, dtype, bias_heads=1, bias_dtype=None):
+    """q, k, v and an AQR-like bias of ``bias_heads`` heads on fake CUDA (call inside a FakeTensorMode); the bias in
+    ``bias_dtype`` (default: q's)."""
     q, k, v = (torch.randn(BS, HEADS, n, HEAD_DIM, device='cuda', dtype=dtype, requires_grad=True)
                for n in (NUM_QUERIES, NUM_KEYS, NUM_KEYS))
+    bias_dtype = bias_dtype or dtype
     parts = []
     if kind in ('global', 'both'):
-        values = torch.randn(BS, bias_heads, NUM_QUERIES, 2, device='cuda', dtype=dtype, requires_grad=True)
+        values = torch.randn(BS, bias_heads, NUM_QUERIES, 2, device='cuda', dtype=bias_dtype, requires_grad=True)
         parts.append(SegmentBias(values, [BEV.end, CAMERA.num_cells]))
     if kind in ('local', 'both'):
         centres = [torch.stack([torch.randint(0, n, (BS, NUM_QUERIES), device='cuda')
                                 for n in (grid.planes, grid.height, grid.width)], -1) for grid in (BEV, CAMERA)]
         valid = [torch.ones(BS, NUM_QUERIES, dtype=torch.bool, device='cuda') for _ in range(2)]
-        amplitudes = [torch.randn(BS, bias_heads, NUM_QUERIES, device='cuda', dtype=dtype, requires_grad=True)
+        amplitudes = [torch.randn(BS, bias_heads, NUM_QUERIES, device='cuda', dtype=bias_dtype, requires_grad=True)
                       for _ in range(2)]
         parts.append(WindowBias([BEV, CAMERA], centres, valid, amplitudes, [7, 5]))
     return q, k, v, (AttentionBias(parts, NUM_KEYS) if parts else None)
@@ -84,6 +86,59 @@ def test_every_cuda_backend_traces_on_fake_cuda_or_refuses():
                               for h in BIAS_HEADS]
                              + [('sdpa', kind, str(d), h) for kind in ('global', 'both')
                                 for d in (torch.float16, torch.bfloat16) for h in BIAS_HEADS])
+
+
+#: every backend ``auto`` runs on CUDA (tiled_bias where Triton is installed, flash_attn where flash-attn is)
+AUTO_CUDA_KERNELS = ('tiled_bias', 'segment', 'sdpa', 'flashbias', 'flash_attn')
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_attention_takes_the_float32_bias_of_the_float32_head(dtype):
+    """The published configs on CUDA: the head, so its AQR bias, in float32 and q, k, v in half precision
+    (``PETRMultiheadFlashAttention(attention_dtype='auto')``). Every backend ``auto`` runs returns q's dtype or
+    refuses for the reasons it gives a bias of q's dtype, and ``auto`` picks what it picks for that bias."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for backend, kind in itertools.product(('auto', ) + AUTO_CUDA_KERNELS, KINDS):
+            outcome = {}
+            for bias_dtype in (torch.float32, dtype):
+                q, k, v, bias = _fake_problem(kind, dtype, bias_dtype=bias_dtype)
+                if bias is not None:
+                    assert {t.dtype for p in bias.parts for t in p.tensors() if t.is_floating_point()} == {bias_dtype}
+                try:
+                    out = apply_attention(q, k, v, bias, backend=backend)
+                    assert (out.device.type, out.dtype, tuple(out.shape)) == ('cuda', dtype, tuple(q.shape))
+                    outcome[bias_dtype] = 'ok'
+                except UnsupportedAttentionError as error:
+                    outcome[bias_dtype] = str(error)
+                if backend == 'auto':
+                    outcome[bias_dtype, 'choice'] = select_backend(q, bias, k=k, v=v)[0]
+            assert outcome[torch.float32] == outcome[dtype], (backend, kind, outcome)
+            if backend == 'auto':
+                assert outcome[torch.float32, 'choice'] == outcome[dtype, 'choice'], (kind, outcome)
+                assert outcome[torch.float32] == 'ok'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_the_kernels_backward_keeps_a_float32_bias_float32(dtype):
+    """segment and tiled_bias read the bias in float32 (its gradient comes back float32) and q, k, v in half
+    precision, backward traced on fake CUDA as above."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v, bias = _fake_problem('both', dtype, bias_dtype=torch.float32)
+        _, _, grads, (segment_values, window_weight) = _segment_forward_and_backward(q, k, v, bias)
+        assert [g.dtype for g in grads[:3]] == [dtype] * 3
+        assert (segment_values.dtype, window_weight.dtype, grads[3].dtype, grads[4].dtype) == (torch.float32, ) * 4
+        if importlib.util.find_spec('triton') is None:
+            return
+        from types import SimpleNamespace
+
+        from projects.mmdet3d_plugin.attention.backends.tiled_bias.backend import TiledBiasBackend, TiledBiasFunction
+        call = _make_call(q, k, v, bias, None, 0.0, None)
+        tables, amplitude, values = TiledBiasBackend._tables(call)
+        out = apply_attention(q, k, v, bias, backend='tiled_bias')
+        ctx = SimpleNamespace(saved_tensors=(q, k, v, amplitude, values, q.float(), q[..., 0].float()),
+                              tables=tables, scale=call.scale)
+        grads = TiledBiasFunction.backward(ctx, torch.randn_like(out))
+        assert [g.dtype for g in grads[:5]] == [dtype] * 3 + [torch.float32] * 2
 
 
 def test_cuda_calls_copy_no_host_data_to_the_device():

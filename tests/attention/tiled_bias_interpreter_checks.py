@@ -9,9 +9,9 @@ and the gradients of q, k, v, the segment values and the window amplitudes
 both biases; blocks smaller than the problem (query and key tails, a key tile
 straddling the BEV and camera grids); key padding with a segment and a whole
 sample padded; split-head strided inputs, an odd head dim, a custom scale;
-several segment biases; half precision; a bias-only gradient; the custom operators' fake implementations against
-the kernels (``torch.library.opcheck``); a whole detector's training step (the demo CMT-AQR, one decoder layer)
-against ``auto``'s.
+several segment biases; half precision (with a float32 and a half bias); a bias-only gradient; the custom
+operators' fake implementations against the kernels (``torch.library.opcheck``); a whole detector's training step
+(the demo CMT-AQR, one decoder layer) against ``auto``'s.
 """
 import os
 
@@ -77,10 +77,15 @@ def test_several_segment_biases_and_strong_windows(cases):
     assert_matches_math(cases, 'tiled_bias', q, k, v, bias, [coarse, fine] + amplitudes, FP32_TOLERANCE)
 
 
+@pytest.mark.parametrize('bias_in_q_dtype', [False, True], ids=['float32 bias', 'half bias'])
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-def test_low_precision(cases, dtype):
+def test_low_precision(cases, dtype, bias_in_q_dtype):
+    """Half-precision q, k, v with the float32 head's bias (the published configs' half-precision attention) and with
+    a bias in q's dtype (``AttentionBiasGenerator(fp16=True)`` on half features); the kernels read both in float32."""
     q, k, v = cases.make_qkv(dtype=dtype, dim=16)
     bias, leaves = cases.make_bias('segment+window')
+    if bias_in_q_dtype:
+        bias = bias.to(dtype=dtype)
     assert_matches_math(cases, 'tiled_bias', q, k, v, bias, leaves, *LOW_PRECISION_TOLERANCE[dtype])
 
 

@@ -83,8 +83,34 @@ def test_cfg_options_reach_both_models_and_the_table():
         assert model.img_backbone.frozen_stages == 1 and model.img_backbone.norm_eval
     result = dict(shape='custom', mode='train', frozen=[], cfg_options=dict(args.cfg_options), configs=list(DEMO_PAIR),
                   ratio=dict(median=1.0, min=1.0, max=1.0), median_ms=dict(A=1.0, B=1.0),
-                  peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}])
+                  peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}],
+                  attention=[{}, {}])
     assert '| custom | train (model.img_backbone.frozen_stages=1; model.img_backbone.norm_eval=True) |' in (
+        markdown_tables([result]))
+
+
+@pytest.mark.parametrize('option', [None, 'bfloat16'])
+def test_attention_dtype_reaches_every_cross_attention_of_both_models_and_each_row_states_it(option):
+    """``attention_dtype`` sets both models' cross-attentions (None: the configs' ``'auto'``, float32 on the CPU);
+    a run records the kernel and dtype of each call, and the summary row states them per model."""
+    from projects.mmdet3d_plugin.attention.dispatch import recorded_backends
+    from projects.mmdet3d_plugin.models.utils.petr_attention import BiasedMultiheadAttention
+    args = _tiny(configs=list(DEMO_PAIR), attention_dtype=option)
+    models, cfgs, _ = build_pair(DEMO_PAIR, args)
+    layers = cfgs[0].model.pts_bbox_head.transformer.decoder.num_layers
+    dtype = option or 'float32'
+    for model in models:
+        options = [m.attention_dtype for m in model.modules() if isinstance(m, BiasedMultiheadAttention)]
+        assert options == [option or 'auto'] * layers
+    batch = make_batch(cfgs[0], args)
+    with recorded_backends() as record:
+        make_run(models[0], cfgs[0], 'inference', batch, PartTimer(torch.device('cpu')))()
+    assert record == {('sdpa', dtype): layers}  # CMT: no bias
+    result = dict(shape='custom', mode='inference', frozen=[], configs=list(DEMO_PAIR),
+                  ratio=dict(median=1.0, min=1.0, max=1.0), median_ms=dict(A=1.0, B=1.0),
+                  peak_mib=dict(A=None, B=None), times_ms=dict(A=[1.0], B=[1.0]), part_rows=[], parts_ms=[{}, {}],
+                  attention=[{f'sdpa {dtype}': float(layers)}, {f'segment {dtype}': 2.0, f'sdpa {dtype}': 1.0}])
+    assert f'| custom | inference | sdpa {dtype} ×{layers} | segment {dtype} ×2, sdpa {dtype} ×1 | 1.00 |' in (
         markdown_tables([result]))
 
 

@@ -55,6 +55,11 @@ def test_tiny_benchmark_has_every_row(tmp_path, capsys, monkeypatch):
         assert result['peak_mib']['A'] > 0 and result['peak_mib']['B'] > 0
         summary = [line for line in text.splitlines() if line.startswith(f'| custom | {mode} | ')]
         assert len(summary) == 1
+        # each model's attention kernels and precision: float32 on the CPU, one call per decoder layer and run
+        for side, kernels in zip(summary[0].split(' | ')[2:4], result['attention']):
+            assert kernels and all(name.endswith(' float32') for name in kernels), kernels
+            assert sum(kernels.values()) == num_layers if mode == 'inference' else sum(kernels.values()) >= num_layers
+            assert side == ', '.join(f'{name} ×{count:g}' for name, count in kernels.items())
         assert f'| {ratio["median"]:.3f} [{ratio["min"]:.3f}, {ratio["max"]:.3f}] |' in summary[0]
         assert summary[0].endswith(f'| {result["peak_mib"]["A"]:.0f} MiB | {result["peak_mib"]["B"]:.0f} MiB |')
 

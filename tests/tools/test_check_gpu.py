@@ -1,5 +1,6 @@
 """tools/check_gpu.py in its CPU mode (tiny shapes): passes, names the failing case when a check fails, and reports
 a training step that raises (traceback, summary, exit status) instead of crashing."""
+import pytest
 import torch
 
 from projects.mmdet3d_plugin.diagnostics import gpu_check, training_check
@@ -18,6 +19,29 @@ def test_cpu_self_check_passes(capsys):
     assert '0 compiled graphs, 0 eager-flex warnings' in out
     assert out.count('alpha gradient') == 2 and 'FAILED' not in out
     assert 'x bias-free SDPA' in out
+
+
+def test_the_training_check_runs_the_cross_attention_in_the_dtype_asked(capsys):
+    """``--attention-dtype``: the demo model's cross-attention in that dtype, stated in the training line; the CPU
+    default (``'auto'``) is float32; an unknown value is refused by the parser."""
+    quick = QUICK + ['--dtypes', 'float32', '--skip-benchmark', '--steps', '1']
+    assert check_gpu.main(quick + ['--attention-dtype', 'bfloat16']) == 0
+    line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo model training')][0]
+    assert ' bfloat16' in line.split('cross-attention ')[1].split(', ops')[0] and 'float32' not in line
+    assert check_gpu.main(quick) == 0
+    line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo model training')][0]
+    assert 'cross-attention ' in line and 'bfloat16' not in line and ' float32' in line
+    with pytest.raises(SystemExit):
+        check_gpu.parse_args(['--device', 'cpu', '--attention-dtype', 'fp16'])
+
+
+def test_a_cross_attention_in_another_dtype_than_asked_fails_the_training_check(capsys, monkeypatch):
+    """The check compares what ran with what was asked: a cross-attention that ignores the option fails it."""
+    from projects.mmdet3d_plugin.models.utils import petr_attention
+    monkeypatch.setattr(petr_attention.BiasedMultiheadAttention, 'compute_dtype', lambda self, q: q.dtype)
+    assert check_gpu.main(QUICK + ['--dtypes', 'float32', '--skip-benchmark', '--steps', '1',
+                                   '--attention-dtype', 'bfloat16']) == 1
+    assert "training: the cross-attention ran in ['float32'], not bfloat16" in capsys.readouterr().out
 
 
 def test_cpu_self_check_fails_and_names_the_case(capsys, monkeypatch):

@@ -13,7 +13,8 @@ parse the command line with these helpers and pass the values on.
   checked corruption specs (tools/test.py, tools/visualize_aqr.py,
   tools/eval_robustness.py);
 * :mod:`.tiled_bias_launch`: ``--tiled-bias-launch`` (tools/benchmark_attention.py,
-  tools/benchmark_model.py).
+  tools/benchmark_model.py);
+* :mod:`.attention_dtype`: ``--attention-dtype`` (tools/benchmark_model.py, tools/check_gpu.py).
 
 ``tools/`` is no package; like ``tools.data_converter``, ``tools.cli``
 imports from the repository root, which the editable install puts on ``sys.path``.

@@ -22,10 +22,13 @@ Preference lists (only exact backends, each ending with ``math``, the fp32 refer
 
 ``flex`` is never picked by ``auto``: a compiled ``score_mod`` that captures learned bias
 tensors has unverified gradients (pytorch/pytorch#162228); it runs only when named.
+:func:`recorded_backends` counts the backend and dtype of every call while it is open.
 """
+import contextlib
 import logging
 import re
-from typing import Optional, Tuple, Union
+from collections import Counter
+from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -37,6 +40,7 @@ BiasLike = Union[None, Tensor, BiasPart, AttentionBias]
 
 logger = logging.getLogger('mmdet')
 _LOGGED = set()
+_RECORDS: List[Counter] = []
 
 #: structured bias, calls above the size threshold (and every call off SIZE_RULE_DEVICES): fastest exact first
 LARGE_ORDER = ('segment', 'flashbias', 'sdpa', 'math')
@@ -236,6 +240,18 @@ def _log_once(name: str, call: AttentionCall, reason: str) -> None:
         logger.info(f"apply_attention: backend '{name}' for {call.describe()}: {reason}")
 
 
+@contextlib.contextmanager
+def recorded_backends() -> Iterator[Counter]:
+    """While open, count ``(backend, q's dtype name)`` of every :func:`apply_attention` call (e.g.
+    ``('tiled_bias', 'float16')``): the kernel and precision a model run used (``tools/benchmark_model.py``)."""
+    record = Counter()
+    _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _RECORDS.remove(record)
+
+
 def apply_attention(q: Tensor,
                     k: Tensor,
                     v: Tensor,
@@ -287,4 +303,6 @@ def apply_attention(q: Tensor,
     else:
         reason = 'set explicitly'
     _log_once(backend, call, reason)
+    for record in _RECORDS:
+        record[backend, str(q.dtype).replace('torch.', '')] += 1
     return BACKENDS[backend](call)

@@ -15,8 +15,8 @@ run; :func:`failure_summary` names every failure:
    ``AttentionBiasGenerator``'s learned ``alpha`` through ``auto`` attention
    against float64 ``math``, with the same kind of floor.
 3. **Training** (:func:`.training_check.check_training`): the demo model's
-   real training iteration, on CUDA with every host synchronisation outside
-   the permitted regions an error.
+   real training iteration (cross-attention in ``attention_dtype``), on CUDA
+   with every host synchronisation outside the permitted regions an error.
 4. **Speed and memory** (unless ``skip_benchmark``): :mod:`.attention_benchmark`
    on the same shapes, forward + backward, as ratios to bias-free SDPA.
 5. **Model benchmark** (CUDA only, with the speed check): the paired CMT vs
@@ -67,6 +67,8 @@ class GpuCheckOptions:
         steps (int): training iterations of the demo model.
         repeats (int): timed runs per backend.
         skip_benchmark (bool): no speed and memory tables.
+        attention_dtype (str, optional): the cross-attention's precision in the training check and the model
+            benchmark (default: the configs', ``'auto'``: float16 on CUDA).
     """
 
     device: str
@@ -76,6 +78,7 @@ class GpuCheckOptions:
     steps: int = 20
     repeats: int = 5
     skip_benchmark: bool = False
+    attention_dtype: Optional[str] = None
 
 
 def _case(layout: str, num_queries: int, bias: str, dtype: str, device: str, backend: str) -> dict:
@@ -260,7 +263,7 @@ def run_benchmark(options: GpuCheckOptions) -> List[str]:
 
 def run_model_benchmarks(options: GpuCheckOptions) -> List[str]:
     """CMT vs CMT-AQR, R50 and VoV shapes, inference and training step, on the check's device, printed."""
-    report = run_model_benchmark(ModelBenchmarkOptions(device=options.device))
+    report = run_model_benchmark(ModelBenchmarkOptions(device=options.device, attention_dtype=options.attention_dtype))
     print('\n' + markdown_tables(report['results']))
     return []
 
@@ -277,7 +280,7 @@ def run_check(name: str, check: Callable[[], List[str]]) -> List[str]:
 def run_gpu_checks(options: GpuCheckOptions) -> List[str]:
     """Every check of the module doc, in order; the failures of all of them."""
     checks = [('accuracy', check_accuracy), ('alpha gradient', check_alpha_gradients),
-              ('training', lambda o: check_training(o.device, o.steps))]
+              ('training', lambda o: check_training(o.device, o.steps, o.attention_dtype))]
     if not options.skip_benchmark:
         checks.append(('attention benchmark', run_benchmark))
         if options.device == 'cuda':

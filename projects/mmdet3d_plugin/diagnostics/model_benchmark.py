@@ -19,7 +19,8 @@ machine load affects both sides of a ratio alike. Time is
 Per part (:mod:`.part_timer`): mean milliseconds of the backbones, necks,
 voxel layers, encoders, head, AQR generators, transformer, each attention,
 the head's ``loss`` and its assigner; in training also forward, backward and
-optimizer step. Peak memory: ``torch.cuda.max_memory_allocated`` beyond the
+optimizer step; per model, the attention kernels and dtypes its runs used (``attention``;
+``attention_dtype`` sets every cross-attention's precision). Peak memory: ``torch.cuda.max_memory_allocated`` beyond the
 memory before the run on CUDA; on the CPU ``VmHWM - VmRSS`` around one run in
 a separate process (:mod:`.process_memory`).
 """
@@ -28,7 +29,7 @@ import gc
 import logging
 import statistics
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -36,6 +37,8 @@ import torch
 from mmcv import Config
 from torch import nn
 
+from ..attention.dispatch import recorded_backends
+from ..models.utils.petr_attention import set_attention_dtype
 from ..utils.cpu_allocator import keep_freed_memory
 from .optimizer_step import OptimizerStep
 from .part_timer import PartTimer, instrument
@@ -86,6 +89,8 @@ class ModelBenchmarkOptions:
             (:func:`~..utils.cpu_allocator.keep_freed_memory`): no page faults of memory returned between steps,
             which move parts whose code is the same in both models by hundreds of milliseconds (peak memory is
             still measured with the allocator as it comes).
+        attention_dtype (str, optional): every cross-attention's ``attention_dtype`` in A and B (``'auto'``,
+            ``'float16'``, ``'bfloat16'``, ``'float32'``; default: the configs').
     """
 
     shapes: List[str] = field(default_factory=lambda: sorted(SHAPES))
@@ -107,6 +112,7 @@ class ModelBenchmarkOptions:
     tiny: bool = False
     memory: str = 'auto'
     keep_freed_memory: bool = False
+    attention_dtype: Optional[str] = None
 
     def resolved(self) -> 'ModelBenchmarkOptions':
         """A copy with the options not given taken from :data:`TINY` (``tiny``) or :data:`FULL`."""
@@ -234,6 +240,8 @@ def build_pair(paths: Tuple[str, str],
     shared = share_weights(models[0], models[1])
     for model in models:
         freeze_modules(model, options.freeze)
+        if options.attention_dtype is not None:
+            set_attention_dtype(model, options.attention_dtype)
     return [model.to(options.device) for model in models], cfgs, len(shared)
 
 
@@ -305,9 +313,12 @@ def paired_runs(runs: Sequence[Callable[[], None]], timers: Sequence[PartTimer],
     times: List[List[float]] = [[], []]
     peaks: List[List[float]] = [[], []]
     parts = [dict(), dict()]
+    kernels = [Counter(), Counter()]
     for pair in range(options.pairs):
         for side, run in enumerate(runs):
-            milliseconds, peak = timed_run(run, options.device)
+            with recorded_backends() as record:
+                milliseconds, peak = timed_run(run, options.device)
+            kernels[side].update(record)
             times[side].append(milliseconds)
             if peak is not None and options.memory == 'auto':
                 peaks[side].append(peak)
@@ -321,6 +332,8 @@ def paired_runs(runs: Sequence[Callable[[], None]], timers: Sequence[PartTimer],
         median_ms=dict(A=statistics.median(times[0]), B=statistics.median(times[1])),
         ratio=dict(median=statistics.median(ratios), min=min(ratios), max=max(ratios), pairs=ratios),
         peak_mib=dict(A=max(peaks[0]) if peaks[0] else None, B=max(peaks[1]) if peaks[1] else None),
+        attention=[{f'{backend} {dtype}': count / options.pairs for (backend, dtype), count in sorted(side.items())}
+                   for side in kernels],
         parts_ms=[{name: value / options.pairs for name, value in side.items()} for side in parts])
 
 

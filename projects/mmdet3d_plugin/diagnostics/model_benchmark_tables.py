@@ -1,6 +1,6 @@
 """The Markdown tables of :func:`~.model_benchmark.run_model_benchmark`'s results (``tools/benchmark_model.py``)."""
 import os.path as osp
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 def _ms(value: Optional[float], signed: bool = False) -> str:
@@ -20,14 +20,21 @@ def _mode_label(result: dict) -> str:
     return f'{result["mode"]} ({"; ".join(notes)})' if notes else result['mode']
 
 
+def attention_label(calls: Dict[str, float]) -> str:
+    """Attention calls per run by kernel and dtype, ``{'tiled_bias float16': 6.0}``, as ``'tiled_bias float16 ×6'``."""
+    return ', '.join(f'{kernel} ×{count:g}' for kernel, count in calls.items()) or '—'
+
+
 def markdown_tables(results: List[dict]) -> str:
-    """The summary table (median times, paired ratio, peak memory) and a per-part table of each shape and mode;
-    indented rows are part of the row above them."""
-    lines = ['| shape | mode | A median ms | B median ms | B/A median [min, max] | peak A | peak B |',
-             '|---|---|---:|---:|---|---:|---:|']
+    """The summary table (each model's attention kernels and precision, median times, paired ratio, peak memory)
+    and a per-part table of each shape and mode; indented rows are part of the row above them."""
+    lines = ['| shape | mode | A attention | B attention | A median ms | B median ms | B/A median [min, max] | '
+             'peak A | peak B |', '|---|---|---|---|---:|---:|---|---:|---:|']
     for r in results:
         ratio = r['ratio']
-        lines.append(f'| {r["shape"]} | {_mode_label(r)} | {_ms(r["median_ms"]["A"])} | {_ms(r["median_ms"]["B"])} | '
+        kernels = ' | '.join(attention_label(side) for side in r['attention'])
+        lines.append(f'| {r["shape"]} | {_mode_label(r)} | {kernels} | {_ms(r["median_ms"]["A"])} | '
+                     f'{_ms(r["median_ms"]["B"])} | '
                      f'{ratio["median"]:.3f} [{ratio["min"]:.3f}, {ratio["max"]:.3f}] | '
                      f'{_mib(r["peak_mib"]["A"])} | {_mib(r["peak_mib"]["B"])} |')
     for r in results:

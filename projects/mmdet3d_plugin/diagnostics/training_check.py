@@ -19,7 +19,9 @@ Each step that raises is reported with its traceback (for a synchronisation,
 the traceback shows where it is; for one in a backward, anomaly detection's
 trace of the forward line that made the node follows) and recorded as a
 failure; the other steps still run. The check also fails on a non-finite loss, on anything compiled
-(``auto`` never runs a compiled path) and on flex_attention run eagerly.
+(``auto`` never runs a compiled path), on flex_attention run eagerly and, with ``attention_dtype`` named,
+on a cross-attention that ran in another dtype; it prints the kernels and dtypes the cross-attention ran
+(the default ``'auto'``: float16 on CUDA, as upstream CMT).
 """
 import contextlib
 import logging
@@ -31,7 +33,10 @@ import torch
 from mmcv import Config
 from torch import Tensor, nn
 
+from ..attention.dispatch import recorded_backends
+from ..attention.precision import ATTENTION_DTYPES
 from ..mmcv_custom.device_log import read_scalars
+from ..models.utils.petr_attention import set_attention_dtype
 from ..utils.host_data import SyncingOpRecorder
 from .optimizer_step import OptimizerStep
 from ..utils.repo_paths import repo_path
@@ -60,9 +65,10 @@ def step_box_counts(step: int) -> Tuple[int, int]:
     return 1 + step % 7, 1 + (3 * step) % 5
 
 
-def build_demo_training(device: str) -> Tuple[nn.Module, OptimizerStep, Config]:
+def build_demo_training(device: str,
+                        attention_dtype: Optional[str] = None) -> Tuple[nn.Module, OptimizerStep, Config]:
     """The demo model (seed 0, ``init_weights``, training mode) on ``device``, its :class:`OptimizerStep` and config,
-    as ``train_detector`` builds them."""
+    as ``train_detector`` builds them; ``attention_dtype`` (optional) set on every cross-attention."""
     from mmdet3d.models import build_model
 
     cfg = Config.fromfile(repo_path(DEMO_CONFIG))
@@ -70,6 +76,8 @@ def build_demo_training(device: str) -> Tuple[nn.Module, OptimizerStep, Config]:
     torch.manual_seed(0)
     model = build_model(cfg.model, train_cfg=cfg.get('train_cfg'), test_cfg=cfg.get('test_cfg'))
     model.init_weights()
+    if attention_dtype is not None:
+        set_attention_dtype(model, attention_dtype)
     if hasattr(model, 'keep_log_vars_on_device'):  # as train_detector: log variables stay device tensors
         model.keep_log_vars_on_device = True
     model.to(device).train()
@@ -128,16 +136,17 @@ def _forward_traces(caught: List[warnings.WarningMessage]) -> str:
     return ''.join(f'\n{warning.message}' for warning in caught if 'Traceback of forward call' in str(warning.message))
 
 
-def check_training(device: str, steps: int) -> List[str]:
-    """``steps`` training iterations of the demo model; prints a summary line; the failures (see the module doc)."""
+def check_training(device: str, steps: int, attention_dtype: Optional[str] = None) -> List[str]:
+    """``steps`` training iterations of the demo model, its cross-attention in ``attention_dtype`` (default: the
+    config's, ``'auto'``); prints a summary line; the failures (see the module doc)."""
     from torch._dynamo.utils import counters
 
-    model, update, cfg = build_demo_training(device)
+    model, update, cfg = build_demo_training(device, attention_dtype)
     generator = torch.Generator().manual_seed(0)
     counters.clear()
     failures, box_counts, losses = [], [], []
     inexact_rows = 0.0
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, recorded_backends() as kernels:
         warnings.simplefilter('always')
         for step in range(steps):
             num_boxes = step_box_counts(step)
@@ -161,8 +170,8 @@ def check_training(device: str, steps: int) -> List[str]:
     print(f'demo model training: {steps} iterations{failed}, ground-truth boxes per batch {sorted(set(box_counts))} '
           f'(DN query count changes), loss {loss}, {graphs} compiled graphs, '
           f'{len(eager_flex)} eager-flex warnings, {inexact_rows:.0f} attention rows left inexact by segment\'s '
-          f'recomputation budget, ops that would wait on CUDA errors'
-          f'{" (and every host synchronisation)" if device == "cuda" else ""}')
+          f'recomputation budget, cross-attention {", ".join(sorted(" ".join(key) for key in kernels)) or "none"}, '
+          f'ops that would wait on CUDA errors{" (and every host synchronisation)" if device == "cuda" else ""}')
     if not all(torch.isfinite(torch.tensor(losses))):
         failures.append(f'training: non-finite loss {losses}')
     if not losses and not failures:
@@ -171,4 +180,7 @@ def check_training(device: str, steps: int) -> List[str]:
         failures.append(f'training: {graphs} graphs compiled (auto must not run a compiled path)')
     if eager_flex:
         failures.append(f'training: eager flex_attention ran: {eager_flex[0]}')
+    dtypes = sorted({dtype for _, dtype in kernels})
+    if ATTENTION_DTYPES.get(attention_dtype) is not None and dtypes != [attention_dtype]:
+        failures.append(f'training: the cross-attention ran in {dtypes}, not {attention_dtype}')
     return failures

@@ -9,6 +9,8 @@
   which picks a backend (math / SDPA / segment / FlashBias / flex /
   flash-attn) and applies the mask or bias it is given, or raises.
   Upstream CMT's version silently dropped ``attn_mask``; this one never does.
+  Like upstream's, it computes the attention in float16 on CUDA between
+  float32 projections (``attention_dtype``, see ``attention/precision.py``).
 """
 from typing import Optional
 
@@ -24,6 +26,7 @@ from ...attention.backends.base import dense_additive_bias
 from ...attention.backends.math import reference_probabilities
 from ...attention.bias import LayerBias
 from ...attention.dispatch import apply_attention
+from ...attention.precision import attention_compute_dtype, check_attention_dtype
 from ...config_upgrade import current_keys_only
 
 
@@ -103,10 +106,17 @@ class BiasedMultiheadAttention(nn.Module):
             whenever it applies the call exactly, otherwise what ``'auto'``
             picks (``apply_attention``'s ``prefer``, which logs the choice and
             why the preferred backend was skipped). Default: None.
+        attention_dtype (str): the dtype q, k and v are cast to after the
+            in-projections, the output coming back to the projections' dtype
+            before ``out_proj``: ``'auto'`` (float16 on CUDA as upstream CMT,
+            unchanged on the CPU), ``'float16'``, ``'bfloat16'`` or
+            ``'float32'``; under ``torch.autocast`` nothing is cast (see
+            :func:`~...attention.precision.attention_compute_dtype`).
+            Default: ``'auto'``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, attn_drop: float = 0.0,
-                 backend: str = 'auto', prefer: Optional[str] = None) -> None:
+                 backend: str = 'auto', prefer: Optional[str] = None, attention_dtype: str = 'auto') -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f'embed_dim {embed_dim} is not divisible by num_heads {num_heads}')
@@ -118,10 +128,26 @@ class BiasedMultiheadAttention(nn.Module):
             raise ValueError(f"prefer={prefer!r} needs backend='auto', got backend={backend!r}; set one of them")
         self.backend = backend
         self.prefer = prefer
+        self.attention_dtype = attention_dtype
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self._reset_parameters()
+
+    @property
+    def attention_dtype(self) -> str:
+        """The precision option (``'auto'``, ``'float16'``, ``'bfloat16'``, ``'float32'``); settable."""
+        return self._attention_dtype
+
+    @attention_dtype.setter
+    def attention_dtype(self, option: str) -> None:
+        self._attention_dtype = check_attention_dtype(option)
+
+    def compute_dtype(self, projected: torch.Tensor) -> torch.dtype:
+        """The dtype the attention of in-projected ``projected`` (q) runs in, here and now."""
+        device_type = projected.device.type
+        return attention_compute_dtype(self.attention_dtype, device_type, projected.dtype,
+                                       torch.is_autocast_enabled(device_type))
 
     def _reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.in_proj_weight)
@@ -161,11 +187,14 @@ class BiasedMultiheadAttention(nn.Module):
             key_padding_mask (Tensor, optional): ``[bs, K]`` bool, True = padding.
 
         Returns:
-            Tensor: ``[bs, Q, E]``.
+            Tensor: ``[bs, Q, E]`` in the projections' dtype.
         """
         bs, num_queries, _ = query.shape
         num_keys = key.size(1)
         q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
+        projected, dtype = q.dtype, self.compute_dtype(q)
+        if dtype != projected:
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         out = apply_attention(
             q, k, v,
             bias=attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
@@ -174,13 +203,14 @@ class BiasedMultiheadAttention(nn.Module):
             dropout_p=self.attn_drop if self.training else 0.0,
             prefer=self.prefer)
         out = out.transpose(1, 2).reshape(bs, num_queries, self.embed_dim)
-        return self.out_proj(out)
+        return self.out_proj(out.to(projected) if dtype != projected else out)
 
     def attention_weights(self, query: torch.Tensor, key: torch.Tensor, bias: Optional[LayerBias] = None,
                           key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The attention probabilities :meth:`forward` applies to the same inputs (without dropout), for analysis.
 
-        Dense: materialises ``[bs, heads, Q, K]`` in float32 (float64 for float64 inputs).
+        Dense: materialises ``[bs, heads, Q, K]`` in float32 (float64 for float64 inputs) whatever
+        ``attention_dtype``.
 
         Args:
             query (Tensor): ``[bs, Q, E]``.
@@ -198,6 +228,15 @@ class BiasedMultiheadAttention(nn.Module):
         dense = dense_additive_bias(attn_mask_to_bias(bias, bs, self.num_heads, num_queries, num_keys),
                                     self._checked_padding(key_padding_mask, bs, num_keys), dtype)
         return reference_probabilities(q, k, dense, self.head_dim ** -0.5)
+
+
+def set_attention_dtype(model: nn.Module, option: str) -> int:
+    """Set ``attention_dtype`` of every cross-attention (:class:`BiasedMultiheadAttention`) in ``model``; returns how
+    many there are (``tools/benchmark_model.py``, ``tools/check_gpu.py --attention-dtype``)."""
+    modules = [module for module in model.modules() if isinstance(module, BiasedMultiheadAttention)]
+    for module in modules:
+        module.attention_dtype = option
+    return len(modules)
 
 
 @ATTENTION.register_module()
@@ -230,6 +269,11 @@ class PETRMultiheadFlashAttention(BaseModule):
             is logged with its reason. ``'flashbias'`` applies no mask and
             low-rank biases such as AQR's global bias. Needs ``backend='auto'``.
             Default: None.
+        attention_dtype (str): the precision of the attention between the
+            float32 projections: ``'auto'`` (float16 on CUDA, as upstream
+            CMT; unchanged on the CPU), ``'float16'``, ``'bfloat16'`` or
+            ``'float32'``, see :class:`BiasedMultiheadAttention`. Not in the
+            state dict. Default: ``'auto'``.
     """
 
     def __init__(self,
@@ -243,7 +287,8 @@ class PETRMultiheadFlashAttention(BaseModule):
                  backend: str = 'auto',
                  bias: bool = True,
                  dropout: Optional[float] = None,
-                 prefer: Optional[str] = None) -> None:
+                 prefer: Optional[str] = None,
+                 attention_dtype: str = 'auto') -> None:
         super().__init__(init_cfg)
         if dropout is not None:
             dropout_layer = dict(dropout_layer or dict(type='Dropout'), drop_prob=dropout)
@@ -251,7 +296,7 @@ class PETRMultiheadFlashAttention(BaseModule):
         self.num_heads = num_heads
         self.batch_first = batch_first
         self.attn = BiasedMultiheadAttention(embed_dims, num_heads, bias=bias, attn_drop=attn_drop,
-                                             backend=backend, prefer=prefer)
+                                             backend=backend, prefer=prefer, attention_dtype=attention_dtype)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dropout_layer = build_dropout(dropout_layer) if dropout_layer else nn.Identity()
 
@@ -259,6 +304,15 @@ class PETRMultiheadFlashAttention(BaseModule):
     def backend(self) -> str:
         """The ``apply_attention`` backend this module asks for."""
         return self.attn.backend
+
+    @property
+    def attention_dtype(self) -> str:
+        """The precision option of the attention (:class:`BiasedMultiheadAttention`'s); settable."""
+        return self.attn.attention_dtype
+
+    @attention_dtype.setter
+    def attention_dtype(self, option: str) -> None:
+        self.attn.attention_dtype = option
 
     def forward(self,
                 query: torch.Tensor,
