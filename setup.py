@@ -17,5 +17,6 @@ setup(
     # the CPU slot kernel's source, compiled by tools/setup_env.sh (attention/slots/cpu_slot_dot.py)
     package_data={'projects.mmdet3d_plugin.attention.slots': ['*.cpp']},
     python_requires='>=3.11',
+    license='Apache-2.0',
     extras_require={'flash': ['flash-attn']},
 )

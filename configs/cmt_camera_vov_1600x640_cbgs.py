@@ -9,6 +9,8 @@ _base_ = [
 ]
 plugin = True
 plugin_dir = 'projects/mmdet3d_plugin/'
+# imports the plugin wherever the config is loaded: mmdet3d's own tools too (browse_dataset, benchmark, get_flops)
+custom_imports = dict(imports=['projects.mmdet3d_plugin'], allow_failed_imports=False)
 
 point_cloud_range = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]
 class_names = [

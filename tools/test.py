@@ -3,6 +3,7 @@
     python tools/test.py CONFIG CHECKPOINT --eval bbox [--out results.pkl] [--cfg-options k=v ...]
     python tools/test.py CONFIG CHECKPOINT --eval bbox --corruption camera_drop
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCESSES --eval bbox
+    bash tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT --eval bbox
 
 ``--eval bbox`` runs the official nuScenes evaluation (mAP / NDS). The log and
 the metrics (``eval_<timestamp>.json``) go to the work dir (default

@@ -1,7 +1,9 @@
 """Train a CMT / CMT-AQR detector (mmdet3d-style command line; GPU or CPU).
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume-from CKPT | --auto-resume] [--cfg-options k=v ...]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume-from CKPT | --auto-resume] [--autoscale-lr]
+                          [--cfg-options k=v ...]
     bash tools/dist_train.sh CONFIG NUM_PROCESSES [same options]
+    bash tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [same options]
 
 Logs (``<timestamp>.log`` / ``.log.json``), the dumped config and the
 checkpoints go to the work dir (default ``work_dirs/<config name>``).
@@ -25,7 +27,7 @@ from mmdet3d.datasets import build_dataset
 from mmdet3d.models import build_model
 from mmdet3d.utils import collect_env
 
-from projects.mmdet3d_plugin.apis.train import train_detector
+from projects.mmdet3d_plugin.apis.train import REFERENCE_GPUS, linear_scaled_lr, train_detector
 from projects.mmdet3d_plugin.mmcv_custom.launch import default_device, init_distributed, load_config, resolve_work_dir
 from tools.cli.launch import add_common_arguments
 
@@ -39,6 +41,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--auto-resume', action='store_true',
                         help='resume from the newest checkpoint of the work dir that loads (skipping corrupt ones)')
     parser.add_argument('--no-validate', action='store_true', help='do not evaluate during training')
+    parser.add_argument('--autoscale-lr', action='store_true',
+                        help=f'scale the learning rate linearly with the number of processes (GPUs), as mmdet3d: '
+                        f'lr x processes / {REFERENCE_GPUS}, the configs\' lr being set for {REFERENCE_GPUS} GPUs')
     group_gpus = parser.add_mutually_exclusive_group()
     group_gpus.add_argument('--gpus', type=int, help='(single process) number of GPUs; only 1 is supported')
     group_gpus.add_argument('--gpu-ids', type=int, nargs='+', help='(single process) ids of the GPUs to use')
@@ -68,6 +73,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     env_info = '\n'.join(f'{k}: {v}' for k, v in collect_env().items())
     logger.info(f'Environment info:\n{env_info}')
     logger.info(f'Distributed training: {distributed}, device: {cfg.device}')
+    if args.autoscale_lr:
+        base_lr, world_size = cfg.optimizer.lr, get_dist_info()[1]
+        cfg.optimizer.lr = linear_scaled_lr(base_lr, world_size)
+        logger.info(f'--autoscale-lr: lr {base_lr} x {world_size} processes / {REFERENCE_GPUS} = {cfg.optimizer.lr}')
 
     seed = init_random_seed(args.seed, device=cfg.device)
     set_random_seed(seed, deterministic=args.deterministic)

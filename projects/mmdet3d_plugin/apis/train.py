@@ -18,9 +18,11 @@ model wrapper, optimizer, runner, hooks, evaluation, resume), except that
   its log variables on the device, the runner's ``log_buffer`` is a
   ``mmcv_custom.device_log.DeviceLogBuffer``, and an ``optimizer_config``
   without a ``type`` builds ``DeviceLogOptimizerHook``;
-* auto-resume takes the newest checkpoint that loads
-  (``mmcv_custom.checkpoint.find_latest_valid_checkpoint``), and an
-  explicit ``resume_from`` that does not load is a clear error.
+* auto-resume takes the newest checkpoint that loads, found once by rank 0
+  for every process (``mmcv_custom.checkpoint.find_resume_checkpoint_once``),
+  and an explicit ``resume_from`` that does not load is a clear error.
+
+:func:`linear_scaled_lr` is ``--autoscale-lr``'s rule.
 """
 from typing import Optional, Sequence
 
@@ -31,11 +33,27 @@ from mmdet.datasets import build_dataloader
 from mmdet.utils import compat_cfg, get_root_logger
 from mmdet3d.datasets import build_dataset
 
-from ..mmcv_custom.checkpoint import check_resumable, find_latest_valid_checkpoint
+from ..mmcv_custom.checkpoint import check_resumable, find_resume_checkpoint_once
 from ..mmcv_custom.device_log import DeviceLogBuffer
 from ..mmcv_custom.freeze_parameters import freeze_before_wrapping
 from ..mmcv_custom.parallel import wrap_model
 from ..mmcv_custom.seeding import EpochSeedHook
+
+#: The number of GPUs (processes) the configs' learning rates are set for, as in mmdet3d.
+REFERENCE_GPUS = 8
+
+
+def linear_scaled_lr(lr: float, num_gpus: int, reference_gpus: int = REFERENCE_GPUS) -> float:
+    """mmdet3d's ``--autoscale-lr``: ``lr`` set for ``reference_gpus`` processes, scaled to ``num_gpus``.
+
+    The linear scaling rule (Goyal et al., 2017): the total batch size is
+    ``num_gpus x data.samples_per_gpu``, and the configs' learning rates are set
+    for ``reference_gpus`` processes of their ``samples_per_gpu``, so the rate
+    becomes ``lr * num_gpus / reference_gpus``.
+    """
+    if num_gpus < 1 or reference_gpus < 1:
+        raise ValueError(f'linear_scaled_lr needs positive process counts, got {num_gpus} and {reference_gpus}')
+    return lr * num_gpus / reference_gpus
 
 
 def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = False, validate: bool = False,
@@ -91,7 +109,7 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
 
     resume_from = cfg.resume_from
     if resume_from is None and cfg.get('auto_resume'):
-        resume_from = find_latest_valid_checkpoint(cfg.work_dir, logger)
+        resume_from = find_resume_checkpoint_once(cfg.work_dir, logger)
         if resume_from is None:
             logger.info(f'auto-resume: no checkpoint to resume from in {cfg.work_dir}, starting from scratch')
     if resume_from:

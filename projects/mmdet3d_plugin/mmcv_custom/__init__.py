@@ -1,4 +1,4 @@
-"""mmcv runner extensions used by CMT's configs, and CPU fixes for spconv (applied on import)."""
+"""mmcv runner extensions used by CMT's configs, CPU fixes for spconv and mmdet3d's mesh export (applied on import)."""
 from .checkpoint import AtomicCheckpointHook, find_latest_valid_checkpoint
 from .device_log import DeviceLogBuffer, DeviceLogOptimizerHook
 from .fp16_optimizer_hook import CustomFp16OptimizerHook
@@ -6,12 +6,14 @@ from .merged_param_groups import MergedParamGroupsOptimizerConstructor
 from .seeding import EpochSeedHook
 from .spconv_cpu import patch_spconv_cpu_stream
 from .spconv_cpu_scatter import patch_spconv_cpu_scatter_add
+from .trimesh_io import patch_trimesh_io
 
 patch_spconv_cpu_stream()
 patch_spconv_cpu_scatter_add()
+patch_trimesh_io()
 
 __all__ = [
     'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'DeviceLogBuffer', 'DeviceLogOptimizerHook', 'EpochSeedHook',
     'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add',
-    'patch_spconv_cpu_stream'
+    'patch_spconv_cpu_stream', 'patch_trimesh_io'
 ]

@@ -13,7 +13,8 @@ A kill leaves at most a hidden staging entry, removed by the next run.
 
 :func:`find_latest_valid_checkpoint` is ``--auto-resume``'s search: the
 numbered checkpoints of a work dir, newest first, skipping (with a warning)
-those that cannot be loaded.
+those that cannot be loaded. :func:`find_resume_checkpoint_once` runs it on
+rank 0 only and gives every process of a distributed run rank 0's answer.
 """
 import logging
 import os
@@ -24,6 +25,7 @@ import tempfile
 from typing import List, Optional, Pattern, Tuple
 
 import torch
+import torch.distributed as dist
 from mmcv.fileio.file_client import FileClient, HardDiskBackend
 from mmcv.runner import HOOKS, CheckpointHook
 from mmcv.runner.dist_utils import master_only
@@ -194,3 +196,27 @@ def find_latest_valid_checkpoint(work_dir: str, logger: Optional[logging.Logger]
             return path
         print_log(f'auto-resume: skipping {path}: {problem}', logger=logger, level=logging.WARNING)
     return None
+
+
+def find_resume_checkpoint_once(work_dir: str, logger: Optional[logging.Logger] = None) -> Optional[str]:
+    """:func:`find_latest_valid_checkpoint`, searched by rank 0 alone and broadcast to every process of the group.
+
+    The processes of a distributed run resume from one checkpoint even when
+    they would see the work dir differently (a checkpoint half written, a node
+    with a stale copy). A process that cannot see the chosen file raises: the
+    work dir must be on a file system every node shares. Without a process
+    group, the search itself.
+
+    Returns:
+        str | None: rank 0's checkpoint path, None for every process when rank 0 found none.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return find_latest_valid_checkpoint(work_dir, logger)
+    rank = dist.get_rank()
+    choice = [find_latest_valid_checkpoint(work_dir, logger) if rank == 0 else None]
+    dist.broadcast_object_list(choice, src=0)
+    path = choice[0]
+    if path is not None and not osp.isfile(path):
+        raise FileNotFoundError(f'auto-resume: rank 0 chose {path}, which rank {rank} cannot see: the work dir '
+                                f'must be on a file system every node shares')
+    return path

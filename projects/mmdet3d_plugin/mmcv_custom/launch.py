@@ -14,6 +14,7 @@ from mmcv import Config
 from mmcv.runner import init_dist
 
 from ..config_upgrade import upgrade_model_config
+from .slurm_env import torch_env_from_slurm
 
 
 class LaunchOptions(Protocol):
@@ -72,9 +73,11 @@ def default_device() -> str:
 def init_distributed(launcher: str, dist_params: Optional[dict] = None) -> bool:
     """Start the process group for ``launcher`` (``'none'`` starts none).
 
-    Without a GPU the ``pytorch`` launcher uses the gloo backend whatever the
-    config says (nccl needs GPUs), reading ``MASTER_ADDR``/``RANK``/... that
-    ``torch.distributed.run`` sets.
+    ``pytorch`` reads ``MASTER_ADDR``/``RANK``/... that ``torch.distributed.run``
+    sets; ``slurm`` first sets them from the variables ``srun`` sets
+    (:func:`.slurm_env.torch_env_from_slurm`; the port from ``dist_params.port``)
+    and then starts the same way. Without a GPU both use the gloo backend
+    whatever the config says (nccl needs GPUs).
 
     Returns:
         bool: whether the run is distributed.
@@ -82,10 +85,13 @@ def init_distributed(launcher: str, dist_params: Optional[dict] = None) -> bool:
     if launcher == 'none':
         return False
     params = dict(dist_params or {})
+    if launcher == 'slurm':
+        os.environ.update(torch_env_from_slurm(os.environ, params.pop('port', None)))
+        launcher = 'pytorch'
     if default_device() == 'cpu':
         if launcher != 'pytorch':
             raise ValueError(f'launcher {launcher!r} needs GPUs; on CPU use --launcher pytorch '
-                             f'(tools/dist_train.sh / dist_test.sh)')
+                             f'(tools/dist_train.sh / dist_test.sh) or slurm (tools/slurm_train.sh / slurm_test.sh)')
         params.pop('backend', None)
         dist.init_process_group(backend='gloo', **params)
         return True
