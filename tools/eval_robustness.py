@@ -48,7 +48,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--out', help='output folder (default: work_dirs/<config name>/robustness)')
     parser.add_argument('--samples', type=int, help='evaluate the first N test samples only')
     parser.add_argument('--corruption-seed', type=int, default=0,
-                        help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed)')
+                        help='seed of the random corruptions (all but lidar_drop, camera_drop, view_drop, fov, beams)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
     parser.add_argument('--object-metrics', action='store_true', help='also the recall at 2 m of the objects each '
                         'corruption affected, false positives per sample and the router\'s accuracy (needs clean)')

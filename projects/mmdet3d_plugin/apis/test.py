@@ -64,7 +64,7 @@ def apply_corruption(cfg: Config, corruption: Optional[str], seed: int = 0, logg
 
     Args:
         cfg (Config): the (test) config.
-        corruption (str, optional): ``mode[:arg]`` (see
+        corruption (str, optional): ``mode[:arg[:arg]]`` (see
             ``datasets.pipelines.corruption``); None keeps the inputs clean.
         seed (int): seed of the random corruptions.
         logger (logging.Logger | str, optional): where the line goes.
