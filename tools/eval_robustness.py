@@ -15,7 +15,8 @@ Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
 ``--samples N`` evaluates the first N test samples only (the devkit's ground
 truth is narrowed to the same samples). ``--routing learned oracle``
 evaluates a CMT-AQR model twice per corruption: with its router's weights and
-with the input's truth: the headroom routing could add; each routing's
+with the input's truth: the headroom routing could add (``oracle_objects``:
+the truth counting only LiDAR points above the local ground); each routing's
 deltas are against its own clean run. ``--object-metrics`` adds, per
 corruption, the recall at 2 m of the objects it affected, the false positives
 per sample and the router's accuracy against the per-query routing targets
