@@ -19,11 +19,10 @@ which the head's config upgrade moves into its ``routing`` sub-config. Data flow
          or, legacy (modulation='feature'), FeatureModulation -> modulated features, no bias
     -> (DecoderMemory with the bias, QueryRouting)
 
-Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` replaces the learned
-weights at test time by the input's truth (LiDAR 1 where a query's BEV window holds points, camera 1 where a live
-view sees its reference point): the headroom routing could add; ``'oracle_objects'`` counts only points above the
-local ground. New parameters live under ``aqr_weight_generator.``
-and ``attention_bias_generator.`` (:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
+Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` (or
+``'oracle_objects'``) replaces the learned weights at test time by the input's truth (:data:`TEST_ROUTINGS`): the
+headroom routing could add. New parameters live under ``aqr_weight_generator.`` and ``attention_bias_generator.``
+(:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -40,8 +39,9 @@ from ..utils.img_meta_keys import LIDAR_POINTS_KEY
 from .pass_plan import DecoderMemory
 
 MODULATIONS = ('attention_bias', 'feature')
-#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`), every
-#: point counting or only those above the local ground (``OBJECT_MIN_HEIGHT``).
+#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`: LiDAR 1
+#: where a query's BEV window holds points, camera 1 where a live view sees its reference point), every point
+#: counting or only those above the local ground (``OBJECT_MIN_HEIGHT``).
 TEST_ROUTINGS = ('learned', 'oracle', 'oracle_objects')
 #: The oracle routings and the height above the local ground from which their LiDAR truth counts a point.
 ORACLE_MIN_HEIGHTS = dict(oracle=None, oracle_objects=OBJECT_MIN_HEIGHT)
