@@ -11,7 +11,7 @@ from mmdet.datasets.builder import PIPELINES
 from mmdet3d.core.points import LiDARPoints
 
 from projects.mmdet3d_plugin.datasets.box_geometry import bev_overlaps, box_corners, points_in_boxes
-from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corruptions, corrupt_config
+from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corruptions, corrupt_config, insert_corruption
 from projects.mmdet3d_plugin.datasets.corruption_geometry import (camera_forward_yaw, lidar_misalignment,
                                                                   segments_through_boxes, yaw_token_shift)
 from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, MISALIGNMENT_SHIFT_M,
@@ -142,10 +142,12 @@ def test_ghosts_are_reproducible_and_need_their_database(loaded_sample, database
     first = _ghosted(loaded_sample, database, seed=4)[2]
     assert _ghosted(loaded_sample, database, seed=4)[2] == first
     assert _ghosted(loaded_sample, database, seed=5)[2]['ghost_boxes'] != first['ghost_boxes']
-    with pytest.raises(ValueError, match='needs one'):
+    with pytest.raises(ValueError, match='needs ghost_database'):
         _corruption('lidar_ghost:2')
-    with pytest.raises(ValueError, match='needs one'):
+    with pytest.raises(ValueError, match='only for lidar_ghost, mixed_lie'):
         _corruption('fov:90', ghost_database=database)
+    cameras_only = _corruption('mixed_lie:120', ghost_database=database, inputs=['img'])  # a camera-only model
+    assert cameras_only.ghosts is None and cameras_only.unread_inputs == ('points', )
 
 
 @pytest.mark.parametrize('camera', sorted(CAMERA_MOUNTS))
@@ -249,6 +251,8 @@ def test_the_lies_are_registered_for_test_and_training(cmt, database):
     assert step['mode'] == 'lidar_ghost' and step['ghost_database'] == database
     assert step['point_cloud_range'] == list(cfg.point_cloud_range)
     assert 'ghost_database' not in corrupt_config(cfg, 'view_yaw:1:20').data.test.pipeline[3]
+    camera_only = [step for step in cmt.test_pipeline() if not step['type'].startswith('LoadPoints')]
+    assert insert_corruption(camera_only, 'mixed_lie:120', ghost_database=database)[1]['inputs'] == ['img']
     lies = [dict(spec='lidar_ghost:3', prob=0.2), dict(spec='mixed_lie:120', prob=0.2),
             dict(spec='view_yaw:2:20', prob=0.1), dict(spec='lidar_misalign:0.4:2', prob=0.1)]
     add_train_corruptions(cfg, lies)

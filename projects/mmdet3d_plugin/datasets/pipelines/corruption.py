@@ -234,7 +234,7 @@ class SensorCorruption:
         yaw_deg (float, optional): ``view_yaw``, ``mixed_lie`` (default :data:`VIEW_YAW_DEG`): the yaw.
         frame_prob (float, optional): ``lidar_misalign``: probability that a frame is misaligned.
         ghost_database (dict, optional): ``lidar_ghost``, ``mixed_lie``: config of the GT-database sampler the
-            ghosts come from (a config's ``db_sampler``).
+            ghosts come from (a config's ``db_sampler``); not loaded when the points are an unread input.
         point_cloud_range (Sequence[float]): ``lidar_ghost``, ``mixed_lie``: the range every ghost lies in.
         object_margin (float): ``object_drop``: metres added to every side of the boxes. Default: 0.25.
         seed (int): base seed of the random modes.
@@ -291,11 +291,13 @@ class SensorCorruption:
                                     and elevation_range_deg[0] < elevation_range_deg[1]):
             raise ValueError(f'SensorCorruption({self.name}): cannot keep {self.args["keep_beams"]} beams of a LiDAR '
                              f'with lidar_beams={lidar_beams}, elevation_range_deg={elevation_range_deg}')
-        if (ghost_database is not None) != (mode in GHOST_MODES and 'points' in self.input_keys):
-            raise ValueError(f'SensorCorruption({self.name}): ghost_database is for the modes that put ghosts into '
-                             f'the points ({", ".join(GHOST_MODES)}): it needs one (a GT-database sampler config, '
-                             f'e.g. the config\'s db_sampler) if and only if it places ghosts, got {ghost_database!r}')
-        self.ghosts = None if ghost_database is None else GhostPlacer(ghost_database, point_cloud_range)
+        places_ghosts = mode in GHOST_MODES and 'points' in self.input_keys
+        if places_ghosts and ghost_database is None:
+            raise ValueError(f'SensorCorruption({self.name}) needs ghost_database: the config of the GT-database '
+                             f'sampler its ghosts come from (the config\'s db_sampler; corrupt_config passes it)')
+        if mode not in GHOST_MODES and ghost_database is not None:
+            raise ValueError(f'SensorCorruption({self.name}): ghost_database is only for {", ".join(GHOST_MODES)}')
+        self.ghosts = GhostPlacer(ghost_database, point_cloud_range) if places_ghosts else None
         self.object_margin = float(object_margin)
         self.seed = seed
         self.forward_camera = forward_camera
