@@ -15,7 +15,8 @@ Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
 ``--samples N`` evaluates the first N test samples only (the devkit's ground
 truth is narrowed to the same samples). ``--routing learned oracle``
 evaluates a CMT-AQR model twice per corruption: with its router's weights and
-with the input's truth: the headroom routing could add; each routing's
+with the input's truth: the headroom routing could add (``oracle_objects``:
+the truth counting only LiDAR points above the local ground); each routing's
 deltas are against its own clean run. ``--object-metrics`` adds, per
 corruption, the recall at 2 m of the objects it affected, the false positives
 per sample and the router's accuracy against the per-query routing targets
@@ -48,7 +49,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--out', help='output folder (default: work_dirs/<config name>/robustness)')
     parser.add_argument('--samples', type=int, help='evaluate the first N test samples only')
     parser.add_argument('--corruption-seed', type=int, default=0,
-                        help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed)')
+                        help='seed of the random corruptions (all but lidar_drop, camera_drop, view_drop, fov, beams)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
     parser.add_argument('--object-metrics', action='store_true', help='also the recall at 2 m of the objects each '
                         'corruption affected, false positives per sample and the router\'s accuracy (needs clean)')

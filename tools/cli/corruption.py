@@ -1,6 +1,6 @@
 """Test-time sensor corruptions on the command line: ``--corruption SPEC``, ``--corruption-seed N``, checked specs.
 
-A spec is ``mode[:arg]`` (``projects/mmdet3d_plugin/datasets/pipelines/corruption.py``);
+A spec is ``mode[:arg[:arg]]`` (``projects/mmdet3d_plugin/datasets/pipelines/corruption.py``);
 a bad one is refused while parsing, with the valid forms.
 """
 import argparse
@@ -10,12 +10,11 @@ from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_FOR
 
 
 def corruption_spec(text: str) -> str:
-    """``argparse`` type of a corruption ``mode[:arg]``: the spec, checked.
+    """``argparse`` type of a corruption ``mode[:arg[:arg]]``: the spec, checked.
 
     Raises:
         argparse.ArgumentTypeError: the spec is not one of
-            ``lidar_drop|camera_drop|view_drop:N|fov:DEG|beams:K|points:R``
-            (the message names the cause and the valid forms).
+            :data:`CORRUPTION_FORMS` (the message names the cause and the valid forms).
     """
     try:
         parse_corruption(text)
@@ -36,7 +35,10 @@ def add_corruption_arguments(parser: argparse.ArgumentParser) -> None:
                         f'camera view N black, LiDAR limited to a DEG-degree forward field of view, only K beams, '
                         f'a random fraction R of the points, each object\'s points lost with probability P, each '
                         f'camera black with probability P, camera extrinsics rotated by DEG degrees, a DEG-degree '
-                        f'LiDAR sector and the cameras of the opposite sector lost; docs/robustness/corruptions.md)')
+                        f'LiDAR sector and the cameras of the opposite sector lost, N LiDAR-only ghost objects, V '
+                        f'camera calibrations yawed by DEG, the LiDAR misaligned by DEG and 2 m in a fraction P of '
+                        f'the frames, ghosts and yawed cameras in opposite DEG-degree sectors; '
+                        f'docs/robustness/corruptions.md)')
     parser.add_argument('--corruption-seed', type=int, default=0,
-                        help='seed of the random corruptions (points, object_drop, camera_fail, extrinsic, mixed), '
-                        'drawn per sample token')
+                        help='seed of the random corruptions (all but lidar_drop, camera_drop, view_drop, fov, '
+                        'beams), drawn per sample token')

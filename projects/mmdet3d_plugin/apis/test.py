@@ -64,7 +64,7 @@ def apply_corruption(cfg: Config, corruption: Optional[str], seed: int = 0, logg
 
     Args:
         cfg (Config): the (test) config.
-        corruption (str, optional): ``mode[:arg]`` (see
+        corruption (str, optional): ``mode[:arg[:arg]]`` (see
             ``datasets.pipelines.corruption``); None keeps the inputs clean.
         seed (int): seed of the random corruptions.
         logger (logging.Logger | str, optional): where the line goes.
@@ -153,8 +153,9 @@ def nuscenes_scores(metrics: Dict[str, float], result_name: str = 'pts_bbox') ->
 def set_test_routing(model: nn.Module, routing: str) -> None:
     """Make the CMT-AQR head of ``model`` (bare or wrapped) route with ``routing`` at test time.
 
-    ``'learned'``: the router's weights; ``'oracle'``: the input's truth
-    (``test_cfg['aqr_routing']``, see ``models/dense_heads/query_router.py``).
+    ``'learned'``: the router's weights; ``'oracle'``: the input's truth; ``'oracle_objects'``: the input's truth
+    counting only LiDAR points above the local ground (``test_cfg['aqr_routing']``, see
+    ``models/dense_heads/query_router.py``).
     """
     if routing not in TEST_ROUTINGS:
         raise ValueError(f'routing must be one of {TEST_ROUTINGS}, got {routing!r}')

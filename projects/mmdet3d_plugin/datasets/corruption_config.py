@@ -18,7 +18,7 @@ from mmdet.datasets.builder import PIPELINES as MMDET_PIPELINES
 from mmdet3d.datasets.builder import PIPELINES as MMDET3D_PIPELINES
 from mmdet3d.datasets.pipelines import Compose
 
-from .pipelines.corruption import CORRUPTION_KEY, corruption_mode, parse_corruption
+from .pipelines.corruption import CORRUPTION_KEY, GHOST_MODES, corruption_mode, parse_corruption
 
 #: The loading step each corrupted input needs.
 REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}
@@ -76,7 +76,7 @@ def insert_corruption(pipeline: Sequence[Dict], corruption: Union[str, Dict], **
 
     Args:
         pipeline: test pipeline configs (dicts).
-        corruption: CLI form ``mode[:arg]`` or a ``SensorCorruption`` config.
+        corruption: CLI form ``mode[:arg[:arg]]`` or a ``SensorCorruption`` config.
         **options: further ``SensorCorruption`` arguments (``seed``, ``forward_yaw_deg``, ...).
 
     Raises:
@@ -133,18 +133,38 @@ def _dataset_configs(dataset: Union[Dict, List, None]) -> List[Dict]:
 def corrupt_config(cfg: Config, corruption: Union[str, Dict], **options) -> Config:
     """A copy of ``cfg`` whose ``data.val`` and ``data.test`` pipelines apply the corruption.
 
-    See :func:`insert_corruption` for where it goes and for ``options``.
+    See :func:`insert_corruption` for where it goes and for ``options``; a ghost corruption gets
+    :func:`ghost_options` of ``cfg`` unless ``options`` give them.
 
     Raises:
-        ValueError: ``cfg.data.test`` has no pipeline, or ``insert_corruption`` refuses one.
+        ValueError: ``cfg.data.test`` has no pipeline, ``insert_corruption`` refuses one, or a ghost corruption
+            finds no ``cfg.db_sampler``.
     """
     cfg = copy.deepcopy(cfg)
     if not _dataset_configs(cfg.data.get('test')):
         raise ValueError('the config has no data.test pipeline to corrupt')
+    mode = (parse_corruption(corruption) if isinstance(corruption, str) else corruption)['mode']
+    if mode in GHOST_MODES:
+        options = dict(ghost_options(cfg), **options)
     for split in CORRUPTED_SPLITS:
         for dataset in _dataset_configs(cfg.data.get(split)):
             dataset['pipeline'] = insert_corruption(dataset['pipeline'], corruption, **options)
     return cfg
+
+
+def ghost_options(cfg: Config) -> Dict:
+    """``ghost_database`` (``cfg.db_sampler``) and ``point_cloud_range`` of the ghost corruptions for ``cfg``.
+
+    Raises:
+        ValueError: the config has no ``db_sampler`` (the GT database the ghosts come from).
+    """
+    if 'db_sampler' not in cfg:
+        raise ValueError(f'the corruptions {GHOST_MODES} copy objects from the GT database, but the config has no '
+                         f'db_sampler naming it (tools/create_data.py writes it)')
+    options = dict(ghost_database=copy.deepcopy(cfg.db_sampler.to_dict()))
+    if 'point_cloud_range' in cfg:
+        options['point_cloud_range'] = list(cfg.point_cloud_range)
+    return options
 
 
 def train_pipelines(cfg: Config) -> List[List[Dict]]:
@@ -163,24 +183,26 @@ def add_train_corruptions(cfg: Config, corruptions: Sequence[Dict]) -> None:
     That is after the loading steps (``object_drop`` reads the loaded boxes)
     and after the ground-truth sampling (the pasted objects' points and image
     patches are corrupted with the rest, so the recorded dead views hold no
-    object), and before the 3D augmentation; with sweeps loaded, the
-    corruptions get their time column.
+    object, and ghosts avoid the pasted boxes), and before the 3D augmentation;
+    with sweeps loaded, the corruptions get their time column; ghosts come from
+    ``cfg.db_sampler``'s database (:func:`ghost_options`).
 
     Args:
         cfg (Config): changed in place.
-        corruptions (Sequence[dict]): ``dict(spec='mode[:arg]', prob=p)`` items
+        corruptions (Sequence[dict]): ``dict(spec='mode[:arg[:arg]]', prob=p)`` items
             (e.g. :data:`SENSOR_FAILURE_CORRUPTIONS`).
 
     Raises:
-        ValueError: a bad spec, or a training pipeline without ``ModalMask3D``.
+        ValueError: a bad spec, a training pipeline without ``ModalMask3D``, or ghosts without ``cfg.db_sampler``.
     """
-    for item in corruptions:
-        parse_corruption(item['spec'])
+    modes = [parse_corruption(item['spec'])['mode'] for item in corruptions]
     for pipeline in train_pipelines(cfg):
         types = [step['type'] for step in pipeline]
         if 'ModalMask3D' not in types:
             raise ValueError(f'the training pipeline has no ModalMask3D step to put the corruptions before: {types}')
         step = dict(type='RandomSensorCorruption', corruptions=[dict(item) for item in corruptions])
+        if set(modes) & set(GHOST_MODES):
+            step.update(ghost_options(cfg))
         if SWEEP_LOADER in types:
             step['sweep_time_column'] = sweep_time_column(pipeline[types.index(SWEEP_LOADER)])
         pipeline.insert(types.index('ModalMask3D'), step)

@@ -1,5 +1,5 @@
 """Pure geometry of the sensor corruptions (``pipelines/corruption.py``): LiDAR azimuths and beams, sweep frames,
-camera directions, rotations and boxes, in numpy."""
+camera directions, rotations and boxes, segments through boxes, in numpy."""
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
@@ -113,3 +113,82 @@ def enlarged_boxes(boxes: np.ndarray, margin: float) -> np.ndarray:
     grown[:, 2] -= margin
     grown[:, 3:6] += 2 * margin
     return grown
+
+
+def segments_through_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """``[N, M]`` bool: whether the segment from the sensor origin to each point meets each box (faces included).
+
+    A point inside a box counts (its segment ends there); a point in front
+    of a box (nearer along its ray than where the ray enters the box) does
+    not. The slab test, in each box's frame.
+
+    Args:
+        points: ``[N, >=3]`` x, y, z in the LiDAR frame (the sensor at the origin).
+        boxes: ``[M, >=7]`` LiDAR boxes (bottom centre, ``dx, dy, dz, yaw``).
+    """
+    xyz = np.asarray(points, dtype=np.float64)[:, :3]
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, np.shape(boxes)[-1])
+    hits = np.zeros((len(xyz), len(boxes)), dtype=bool)
+    for index, (x, y, z, dx, dy, dz, yaw) in enumerate(boxes[:, :7]):
+        cos, sin = np.cos(yaw), np.sin(yaw)
+        to_box = np.array([[cos, sin, 0.0], [-sin, cos, 0.0], [0.0, 0.0, 1.0]])
+        origin = to_box @ -np.array([x, y, z])  # [3]
+        direction = (xyz - [x, y, z]) @ to_box.T - origin  # [N, 3]
+        low, high = np.array([-dx / 2, -dy / 2, 0.0]), np.array([dx / 2, dy / 2, dz])
+        with np.errstate(divide='ignore', invalid='ignore'):
+            t_low, t_high = (low - origin) / direction, (high - origin) / direction
+        parallel = direction == 0  # the segment runs along the slab: all of it or none of it inside
+        inside_slab = (origin >= low) & (origin <= high)
+        t_enter = np.where(parallel, np.where(inside_slab, -np.inf, np.inf), np.minimum(t_low, t_high)).max(1)
+        t_exit = np.where(parallel, np.where(inside_slab, np.inf, -np.inf), np.maximum(t_low, t_high)).min(1)
+        hits[:, index] = (t_enter <= t_exit) & (t_exit >= 0) & (t_enter <= 1)
+    return hits
+
+
+def boxes_rotated_about_origin(boxes: np.ndarray, angle: float) -> np.ndarray:
+    """LiDAR boxes ``[M, >=7]`` turned by ``angle`` (rad) about the LiDAR z axis: centre, yaw, velocity (cols 7, 8)."""
+    turned = np.array(boxes, dtype=np.float64, copy=True)
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    turned[:, :2] = turned[:, :2] @ rotation.T
+    turned[:, 6] += angle
+    if turned.shape[1] >= 9:
+        turned[:, 7:9] = turned[:, 7:9] @ rotation.T
+    return turned
+
+
+def lidar_misalignment(rotation_deg: float, shift_x: float) -> np.ndarray:
+    """``[4, 4]`` MultiCorrupt's spatial misalignment of a point cloud: ``p -> Rx Ry Rz p + (shift_x, 0, 0)``.
+
+    ``Rx``, ``Ry``, ``Rz``: rotations by ``-rotation_deg`` about the LiDAR
+    x, y and z axes (right-handed), so ``Rz`` acts first.
+    """
+    transform = np.eye(4)
+    for axis in np.eye(3):
+        transform[:3, :3] = transform[:3, :3] @ axis_angle_rotation(axis, -rotation_deg)
+    transform[0, 3] = shift_x
+    return transform
+
+
+def camera_yaw_rotation(yaw_deg: float) -> np.ndarray:
+    """``[3, 3]`` rotation by ``yaw_deg`` about a camera's y axis (down in the image), in the camera frame.
+
+    Applied to ``lidar2cam`` (``R @ lidar2cam``) it moves every projection
+    towards +u (right in the image): by ``f tan(yaw)`` at the principal point.
+    """
+    return axis_angle_rotation(np.array([0.0, 1.0, 0.0]), yaw_deg)
+
+
+def yaw_token_shift(yaw_deg: float, focal_px: float, stride_px: float) -> float:
+    """Camera tokens by which a calibration yawed by ``yaw_deg`` moves a projection, at the least.
+
+    A direction at angle ``a`` from the optical axis (in the x-z plane)
+    projects to ``u = f tan(a)``; yawed, to ``f tan(a + yaw)``. The move is
+    smallest at ``a = -yaw / 2``: ``2 f tan(yaw / 2)`` pixels (the same at
+    every height in the image), i.e. that many ``stride_px``-pixel tokens.
+
+    Args:
+        yaw_deg: the rotation about the camera's vertical axis.
+        focal_px: the focal length in pixels of the image the model reads (after resizing).
+        stride_px: the camera features' stride in pixels of that image.
+    """
+    return float(2 * focal_px * np.tan(np.deg2rad(abs(yaw_deg)) / 2) / stride_px)

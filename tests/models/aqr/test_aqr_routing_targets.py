@@ -89,6 +89,24 @@ def test_lidar_occupancy_marks_the_cells_of_points_in_range():
     assert not lidar_occupancy(torch.zeros(0, 3), pc_range, (2, 4)).any()
 
 
+def test_the_object_oracle_ignores_ground_points():
+    """A ground sloping by 0.1 m per 1 m cell everywhere, an object in two cells: a side from the ground up, and a
+    flat hood 1 m up that hides the ground of its cell (its ground is the neighbours')."""
+    pc_range = [-5.0, -5.0, -3.0, 5.0, 5.0, 3.0]
+    centres = torch.stack(torch.meshgrid(torch.arange(-4.5, 5.0), torch.arange(-4.5, 5.0), indexing='xy'), -1)
+    ground = torch.cat([centres.reshape(-1, 2), (-1.8 + 0.1 * centres[..., :1]).reshape(-1, 1)], 1)
+    ground = ground[(ground[:, 0] != 1.5) | (ground[:, 1] != 0.5)]  # the object hides the ground of its cell
+    object_points = torch.cat([torch.cat([torch.full((6, 1), x), torch.full((6, 1), 0.5), heights[:, None]], 1)
+                               for x, heights in ((0.5, torch.linspace(-1.75, -0.5, 6)),
+                                                  (1.5, torch.linspace(-0.8, -0.7, 6)))])
+    points = torch.cat([ground, object_points])
+    assert lidar_occupancy(points, pc_range, (10, 10)).all(), 'every point counts for the plain oracle'
+    occupancy = lidar_occupancy(points, pc_range, (10, 10), min_height=0.3)
+    assert torch.nonzero(occupancy).tolist() == [[5, 5], [5, 6]]  # rows along y, columns along x
+    assert not lidar_occupancy(ground, pc_range, (10, 10), min_height=0.3).any()
+    assert not lidar_occupancy(torch.zeros(0, 3), pc_range, (10, 10), min_height=0.3).any()
+
+
 def test_oracle_weights_follow_points_in_the_window_and_live_views():
     occupancy = torch.zeros(1, 5, 5, dtype=torch.bool)
     occupancy[0, 0, 0] = True

@@ -111,6 +111,25 @@ def test_oracle_routing_replaces_the_learned_weights_at_test_time(cmt_test_data)
         head.eval()([bev], [img], [meta])
 
 
+def test_the_object_oracle_gives_no_lidar_to_queries_over_bare_ground(cmt_test_data):
+    head = _head(query_loss_weight=0.0)
+    boxes, labels, meta, _ = _constructed_sample(cmt_test_data)
+    bev, img = features(bs=1)
+    flat = torch.stack(torch.meshgrid(torch.arange(-50.0, 50.0, 2.0), torch.arange(-50.0, 50.0, 2.0),
+                                      indexing='xy'), -1).reshape(-1, 2)
+    ground = torch.cat([flat, torch.full((len(flat), 1), -1.8)], 1)
+    standing = torch.tensor([[6.0, 0.0, -1.0]])
+    lidar = {}
+    for routing, points in (('oracle', ground), ('oracle_objects', ground),
+                            ('oracle_objects', torch.cat([ground, standing]))):
+        head.test_cfg = dict(aqr_routing=routing)
+        assert head.needs_points_in_metas
+        lidar[routing, len(points)] = head.eval()([bev], [img], [dict(meta, lidar_points=points)]).routing.lidar_weights
+    assert (lidar['oracle', len(ground)] == 1).all(), 'the plain oracle counts the ground'
+    assert (lidar['oracle_objects', len(ground)] == 0).all()
+    assert 0 < lidar['oracle_objects', len(ground) + 1].sum() < lidar['oracle', len(ground)].sum()
+
+
 def test_detector_puts_points_in_the_metas_for_the_oracle(cmt_test_data):
     cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
     cfg.model.test_cfg.pts.aqr_routing = 'oracle'

@@ -1,28 +1,28 @@
-"""Test-time sensor corruptions for robustness evaluation: LiDAR removed, limited or thinned, cameras black.
+"""Test-time sensor corruptions for robustness evaluation: sensors that go silent and sensors that lie.
 
-A corruption is written ``mode[:arg]`` on the command line (:func:`parse_corruption`) and applied by the
+A corruption is written ``mode[:arg[:arg]]`` on the command line (:func:`parse_corruption`) and applied by the
 registered transform :class:`SensorCorruption`, right after the loading steps of the test pipeline
-(``datasets/corruption_config.py`` puts it there):
+(``datasets/corruption_config.py`` puts it there). Absent evidence:
 
-* ``lidar_drop``: no LiDAR point at all (key frame and sweeps): an empty ``[0, C]`` point cloud.
-* ``camera_drop``: every camera image black (pixels 0 before resizing and normalisation, as upstream CMT's
-  ``ModalMask3D``); ``view_drop:N``: camera view ``N`` (the dataset's camera order) black.
-* ``fov:DEG``: only the LiDAR points whose azimuth is within ``DEG / 2`` of the front camera's optical axis
-  (projected onto the LiDAR x-y plane).
-* ``beams:K``: only the points of ``K`` beams evenly spread over the vertical field of view (a ``K``-beam sensor);
-  ``points:R``: a random fraction ``R`` of the points (``round(R * N)``).
-* ``object_drop:P``: each ground-truth object (``results['ann_info']``, never seen by the model), with probability
-  ``P``, loses every LiDAR point inside its box enlarged by ``object_margin``, in the key frame and the sweeps
-  (with ``sweep_time_column``, boxes moved back by the object's velocity times the sweep's time lag).
-* ``camera_fail:P``: each camera view black, independently with probability ``P``.
-* ``extrinsic:DEG``: every camera's ``lidar2cam`` (and ``lidar2img``) rotated by ``DEG`` degrees about a random
-  axis per view; the images stay, so the model projects with a calibration that no longer matches them.
-* ``mixed:DEG``: a random azimuth ``a`` per sample; the LiDAR points within ``DEG / 2`` of ``a`` are removed and
-  the cameras whose axis points within ``DEG / 2`` of ``a + 180`` are black (``DEG <= 180``: the sectors never
-  overlap): no single modality is good everywhere.
+* ``lidar_drop`` (no point), ``camera_drop`` (every image black), ``view_drop:N`` (view ``N`` black),
+  ``fov:DEG`` (only the points within ``DEG / 2`` of the front camera's axis), ``beams:K`` (``K`` evenly spread
+  beams), ``points:R`` (a random fraction ``R``), ``camera_fail:P`` (each view black with probability ``P``);
+* ``object_drop:P``: each ground-truth object, with probability ``P``, loses its LiDAR points (box + margin,
+  each sweep where the object was at its time);
+* ``mixed:DEG``: the points of a random ``DEG``-degree sector and the cameras facing the opposite one lost.
 
-Randomness is seeded per sample from ``seed`` and the sample token, so an evaluation is reproducible and
-independent of the order in which samples are loaded.
+Plausible but wrong evidence (the lies):
+
+* ``extrinsic:DEG``: every camera's ``lidar2cam`` / ``lidar2img`` rotated by ``DEG`` about a random axis;
+* ``view_yaw:V:DEG``: the calibration of ``V`` random views rotated by ``DEG`` about the camera's vertical axis;
+* ``lidar_ghost:N``: ``N`` GT-database objects in the point cloud only, with their shadows (``lidar_ghosts.py``);
+* ``lidar_misalign:P:DEG``: in a fraction ``P`` of the frames, the point cloud rotated and shifted against the
+  cameras (MultiCorrupt's spatial misalignment);
+* ``mixed_lie:DEG``: ghosts in a random ``DEG``-degree sector, yawed calibrations of the cameras facing the
+  opposite one.
+
+Images are never changed by a lie; the ground truth never is. Randomness is seeded per sample from ``seed`` and the
+sample token, so an evaluation is reproducible and independent of the order in which samples are loaded.
 """
 import numbers
 import zlib
@@ -35,7 +35,9 @@ from mmdet.datasets.builder import PIPELINES
 
 from ..box_geometry import points_in_boxes
 from ..corruption_geometry import (axis_angle_rotation, beam_indices, boxes_at_time_lag, camera_forward_yaw,
-                                   enlarged_boxes, fov_mask, kept_beams, points_in_sweep_frames)
+                                   camera_yaw_rotation, enlarged_boxes, fov_mask, kept_beams, lidar_misalignment,
+                                   points_in_sweep_frames)
+from .lidar_ghosts import GhostPlacer
 
 #: results / img_metas key describing the applied corruption (add it to Collect3D's meta_keys).
 CORRUPTION_KEY = 'corruption'
@@ -43,52 +45,93 @@ CORRUPTION_KEY = 'corruption'
 HDL32E_BEAMS = 32
 HDL32E_ELEVATION_RANGE_DEG = (-30.67, 10.67)
 
+#: ``view_yaw``'s usual angle, and ``mixed_lie``'s: at the demo's resolution it moves every projection of every
+#: view by >= 2 camera tokens (``corruption_geometry.yaw_token_shift``; tests/datasets/test_lying_corruptions.py).
+VIEW_YAW_DEG = 20.0
+#: Ghosts of ``mixed_lie`` (in its sector).
+MIXED_LIE_GHOSTS = 3
+#: ``lidar_misalign``: metres the point cloud moves along LiDAR +x (MultiCorrupt's spatial misalignment).
+MISALIGNMENT_SHIFT_M = 2.0
+#: The fusion configs' point cloud range: where ghosts are placed unless ``point_cloud_range`` says otherwise.
+DEFAULT_POINT_CLOUD_RANGE = (-54.0, -54.0, -5.0, 54.0, 54.0, 3.0)
+
 Argument = Union[int, float, None]
 
 
 @dataclass(frozen=True)
+class ModeArgument:
+    """An argument of the corruption modes: its type, which values are allowed and its CLI placeholder."""
+
+    arg_type: type
+    is_valid: Callable[[float], bool]
+    arg_help: str
+    placeholder: str
+
+
+_PROBABILITY = ModeArgument(float, lambda v: 0 <= v <= 1, 'a probability in [0, 1]', 'P')
+#: Every argument of a mode, by its ``SensorCorruption`` name.
+MODE_ARGUMENTS: Dict[str, ModeArgument] = {
+    'view': ModeArgument(int, lambda v: v >= 0, 'a camera view index >= 0', 'N'),
+    'fov_deg': ModeArgument(float, lambda v: 0 < v <= 360, 'an angle in (0, 360] degrees', 'DEG'),
+    'keep_beams': ModeArgument(int, lambda v: v >= 1, 'a number of beams >= 1', 'K'),
+    'keep_ratio': ModeArgument(float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]', 'R'),
+    'drop_prob': _PROBABILITY,
+    'fail_prob': _PROBABILITY,
+    'frame_prob': _PROBABILITY,
+    'rotation_deg': ModeArgument(float, lambda v: 0 < v <= 90, 'an angle in (0, 90] degrees', 'DEG'),
+    'sector_deg': ModeArgument(float, lambda v: 0 < v <= 180, 'a sector width in (0, 180] degrees', 'DEG'),
+    'num_ghosts': ModeArgument(int, lambda v: v >= 1, 'a number of ghost objects >= 1', 'N'),
+    'num_views': ModeArgument(int, lambda v: v >= 1, 'a number of camera views >= 1', 'V'),
+    'yaw_deg': ModeArgument(float, lambda v: 0 < v <= 90, 'an angle in (0, 90] degrees', 'DEG'),
+}
+
+
+@dataclass(frozen=True)
 class CorruptionMode:
-    """A corruption mode: the inputs it changes and its argument.
+    """A corruption mode: the inputs it changes and its arguments.
 
     Args:
         input_keys: the ``results`` keys it needs: ``('points',)``,
             ``('img',)`` (the camera images and calibration) or both.
-        arg_name: the ``SensorCorruption`` argument holding the mode's value
-            (``None``: the mode takes none).
-        arg_type: ``int`` or ``float``.
-        is_valid: whether a value of ``arg_type`` is allowed.
-        arg_help: what the value must be, for error messages.
-        placeholder: the value's name in the CLI form ``mode:PLACEHOLDER``.
+        arg_names: its arguments (keys of :data:`MODE_ARGUMENTS`), in their CLI order ``mode:A1:A2``.
+        options: ``(name, default)`` of further arguments it takes from the config only.
+        random: whether it draws at random (from the sample's generator, see :func:`sample_rng`).
     """
 
     input_keys: Tuple[str, ...]
-    arg_name: Optional[str] = None
-    arg_type: type = float
-    is_valid: Optional[Callable[[float], bool]] = None
-    arg_help: str = ''
-    placeholder: str = ''
+    arg_names: Tuple[str, ...] = ()
+    options: Tuple[Tuple[str, float], ...] = ()
+    random: bool = False
 
 
-_PROBABILITY = dict(arg_type=float, is_valid=lambda v: 0 <= v <= 1, arg_help='a probability in [0, 1]',
-                    placeholder='P')
 CORRUPTION_MODES: Dict[str, CorruptionMode] = {
     'lidar_drop': CorruptionMode(('points', )),
     'camera_drop': CorruptionMode(('img', )),
-    'view_drop': CorruptionMode(('img', ), 'view', int, lambda v: v >= 0, 'a camera view index >= 0', 'N'),
-    'fov': CorruptionMode(('points', ), 'fov_deg', float, lambda v: 0 < v <= 360, 'an angle in (0, 360] degrees',
-                          'DEG'),
-    'beams': CorruptionMode(('points', ), 'keep_beams', int, lambda v: v >= 1, 'a number of beams >= 1', 'K'),
-    'points': CorruptionMode(('points', ), 'keep_ratio', float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]', 'R'),
-    'object_drop': CorruptionMode(('points', ), 'drop_prob', **_PROBABILITY),
-    'camera_fail': CorruptionMode(('img', ), 'fail_prob', **_PROBABILITY),
-    'extrinsic': CorruptionMode(('img', ), 'rotation_deg', float, lambda v: 0 < v <= 90,
-                                'an angle in (0, 90] degrees', 'DEG'),
-    'mixed': CorruptionMode(('points', 'img'), 'sector_deg', float, lambda v: 0 < v <= 180,
-                            'a sector width in (0, 180] degrees', 'DEG'),
+    'view_drop': CorruptionMode(('img', ), ('view', )),
+    'fov': CorruptionMode(('points', ), ('fov_deg', )),
+    'beams': CorruptionMode(('points', ), ('keep_beams', )),
+    'points': CorruptionMode(('points', ), ('keep_ratio', ), random=True),
+    'object_drop': CorruptionMode(('points', ), ('drop_prob', ), random=True),
+    'camera_fail': CorruptionMode(('img', ), ('fail_prob', ), random=True),
+    'extrinsic': CorruptionMode(('img', ), ('rotation_deg', ), random=True),
+    'mixed': CorruptionMode(('points', 'img'), ('sector_deg', ), random=True),
+    'lidar_ghost': CorruptionMode(('points', ), ('num_ghosts', ), random=True),
+    'view_yaw': CorruptionMode(('img', ), ('num_views', 'yaw_deg'), random=True),
+    'lidar_misalign': CorruptionMode(('points', ), ('frame_prob', 'rotation_deg'), random=True),
+    'mixed_lie': CorruptionMode(('points', 'img'), ('sector_deg', ),
+                                (('num_ghosts', MIXED_LIE_GHOSTS), ('yaw_deg', VIEW_YAW_DEG)), random=True),
 }
-#: The CLI forms, for help texts: ``lidar_drop|camera_drop|view_drop:N|fov:DEG|...|mixed:DEG``.
-CORRUPTION_FORMS = '|'.join(f'{mode}:{spec.placeholder}' if spec.arg_name else mode
-                            for mode, spec in CORRUPTION_MODES.items())
+#: Modes that place GT-database ghosts (``SensorCorruption`` needs ``ghost_database``).
+GHOST_MODES = ('lidar_ghost', 'mixed_lie')
+
+
+def corruption_form(mode: str) -> str:
+    """The CLI form of a known ``mode``, e.g. ``'view_yaw:V:DEG'``."""
+    return ':'.join([mode] + [MODE_ARGUMENTS[name].placeholder for name in CORRUPTION_MODES[mode].arg_names])
+
+
+#: The CLI forms, for help texts: ``lidar_drop|camera_drop|view_drop:N|fov:DEG|...|mixed_lie:DEG``.
+CORRUPTION_FORMS = '|'.join(map(corruption_form, CORRUPTION_MODES))
 
 
 def corruption_mode(mode: str) -> CorruptionMode:
@@ -98,32 +141,29 @@ def corruption_mode(mode: str) -> CorruptionMode:
     return CORRUPTION_MODES[mode]
 
 
-def check_corruption_argument(mode: str, value: Argument) -> Argument:
-    """``value`` as the argument of ``mode`` (converted to its type), or ``ValueError`` saying what is wrong."""
-    spec = corruption_mode(mode)
-    if spec.arg_name is None:
-        if value is not None:
-            raise ValueError(f'corruption {mode!r} takes no argument, got {value!r}')
-        return None
+def check_corruption_argument(mode: str, name: str, value: Argument) -> Argument:
+    """``value`` as argument ``name`` of ``mode`` (converted to its type), or ``ValueError`` saying what is wrong."""
+    corruption_mode(mode)
+    argument = MODE_ARGUMENTS[name]
     if value is None:
-        raise ValueError(f'corruption {mode!r} needs {spec.arg_name}: {spec.arg_help} '
-                         f'(CLI form {mode}:{spec.placeholder})')
+        raise ValueError(f'corruption {mode!r} needs {name}: {argument.arg_help} (CLI form {corruption_form(mode)})')
     is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if (not is_number or (spec.arg_type is int and not float(value).is_integer())
-            or not spec.is_valid(spec.arg_type(value))):
-        raise ValueError(f'corruption {mode!r}: {spec.arg_name} must be {spec.arg_help}, got {value!r}')
-    return spec.arg_type(value)
+    if (not is_number or (argument.arg_type is int and not float(value).is_integer())
+            or not argument.is_valid(argument.arg_type(value))):
+        raise ValueError(f'corruption {mode!r}: {name} must be {argument.arg_help}, got {value!r}')
+    return argument.arg_type(value)
 
 
-def corruption_name(mode: str, value: Argument = None) -> str:
-    """The CLI form of a corruption, e.g. ``'fov:120'``, ``'points:0.1'``, ``'lidar_drop'``."""
-    return mode if value is None else f'{mode}:{np.format_float_positional(value, trim="-")}'
+def corruption_name(mode: str, *values: Argument) -> str:
+    """The CLI form of a corruption, e.g. ``'fov:120'``, ``'view_yaw:2:20'``, ``'lidar_drop'``."""
+    return ':'.join([mode] + [np.format_float_positional(value, trim='-') for value in values])
 
 
 def parse_corruption(spec: str) -> Dict:
-    """The ``SensorCorruption`` config of a CLI corruption ``mode[:arg]``.
+    """The ``SensorCorruption`` config of a CLI corruption ``mode[:arg[:arg]]``.
 
-    ``parse_corruption('view_drop:2') == dict(type='SensorCorruption', mode='view_drop', view=2)``.
+    ``parse_corruption('view_yaw:2:20') == dict(type='SensorCorruption', mode='view_yaw', num_views=2,
+    yaw_deg=20.0)``.
 
     Raises:
         ValueError: unknown mode, a missing, unexpected or malformed
@@ -131,20 +171,21 @@ def parse_corruption(spec: str) -> Dict:
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f'a corruption must be a string {CORRUPTION_FORMS}, got {spec!r}')
-    mode, has_arg, text = spec.strip().partition(':')
+    mode, *texts = spec.strip().split(':')
     mode_spec = corruption_mode(mode)
-    value = None
-    if has_arg:
-        if mode_spec.arg_name is None:
-            raise ValueError(f'corruption {mode!r} takes no argument, got {spec!r}')
-        try:
-            value = mode_spec.arg_type(text)
-        except ValueError:
-            raise ValueError(f'corruption {spec!r}: {text!r} is not {mode_spec.arg_help}') from None
-    value = check_corruption_argument(mode, value)
+    if len(texts) > len(mode_spec.arg_names):
+        expected = (f'{len(mode_spec.arg_names)} argument(s), {corruption_form(mode)}' if mode_spec.arg_names
+                    else 'no argument')
+        raise ValueError(f'corruption {mode!r} takes {expected}, got {spec!r}')
     config = dict(type='SensorCorruption', mode=mode)
-    if mode_spec.arg_name is not None:
-        config[mode_spec.arg_name] = value
+    for index, name in enumerate(mode_spec.arg_names):
+        argument, value = MODE_ARGUMENTS[name], None
+        if index < len(texts):
+            try:
+                value = argument.arg_type(texts[index])
+            except ValueError:
+                raise ValueError(f'corruption {spec!r}: {texts[index]!r} is not {argument.arg_help}') from None
+        config[name] = check_corruption_argument(mode, name, value)
     return config
 
 
@@ -155,20 +196,24 @@ def sample_rng(seed: int, sample_key: str) -> np.random.Generator:
 
 @PIPELINES.register_module()
 class SensorCorruption:
-    """Corrupt the LiDAR points or the camera images of a test sample (see the module docstring for the modes).
+    """Corrupt the LiDAR points or the cameras of a test sample (see the module docstring for the modes).
 
     Put it right after the loading steps (``LoadPointsFromFile``,
     ``LoadPointsFromMultiSweeps``, ``LoadMultiViewImageFromFiles``) and
     before any image resizing, normalisation or 3D augmentation:
     ``datasets.corruption_config.insert_corruption`` does so. Black then
     means pixels of value 0, which normalisation turns into ``-mean / std``.
-    Sets ``results['corruption']``: ``name`` (CLI form), ``mode``, the
-    argument, and per mode ``camera`` / ``views`` (the black views),
+    Sets ``results['corruption']``: ``name`` (CLI form), ``mode``, its
+    arguments, and per mode ``camera`` / ``views`` (the black views),
     ``forward_yaw_deg`` (``fov``), ``kept_beams`` (``beams``), ``seed`` (random
     modes), ``dropped_objects`` / ``num_objects`` (``object_drop``),
     ``rotation_axes`` (``extrinsic``: per view, in its camera frame),
-    ``lidar_sector_deg`` / ``camera_sector_deg`` (``mixed``: the sector
-    centres, as yaws in the LiDAR frame), ``num_points_before`` /
+    ``yawed_views`` (``view_yaw``, ``mixed_lie``), ``ghost_boxes`` /
+    ``ghost_names`` / ``ghost_sources`` / ``num_shadowed_points`` /
+    ``num_ghost_points`` (``lidar_ghost``, ``mixed_lie``: see
+    ``lidar_ghosts.GhostPlacer``), ``misaligned`` (``lidar_misalign``),
+    ``lidar_sector_deg`` / ``camera_sector_deg`` (``mixed``, ``mixed_lie``:
+    the sector centres, as yaws in the LiDAR frame), ``num_points_before`` /
     ``num_points_after`` (modes that change the points). Add ``'corruption'``
     to ``Collect3D``'s ``meta_keys`` to see it in ``img_metas``.
 
@@ -180,8 +225,17 @@ class SensorCorruption:
         keep_ratio (float, optional): ``points``: fraction of the points kept.
         drop_prob (float, optional): ``object_drop``: probability that an object loses its points.
         fail_prob (float, optional): ``camera_fail``: probability that a camera view is black.
-        rotation_deg (float, optional): ``extrinsic``: rotation of every camera's extrinsics, in degrees.
-        sector_deg (float, optional): ``mixed``: width of the LiDAR sector and of the camera sector lost.
+        rotation_deg (float, optional): ``extrinsic``: rotation of every camera's extrinsics, in degrees;
+            ``lidar_misalign``: rotation about each LiDAR axis.
+        sector_deg (float, optional): ``mixed``, ``mixed_lie``: width of the two opposite sectors.
+        num_ghosts (int, optional): ``lidar_ghost``: ghosts wanted; ``mixed_lie``: in its sector (default
+            :data:`MIXED_LIE_GHOSTS`).
+        num_views (int, optional): ``view_yaw``: number of views whose calibration is yawed.
+        yaw_deg (float, optional): ``view_yaw``, ``mixed_lie`` (default :data:`VIEW_YAW_DEG`): the yaw.
+        frame_prob (float, optional): ``lidar_misalign``: probability that a frame is misaligned.
+        ghost_database (dict, optional): ``lidar_ghost``, ``mixed_lie``: config of the GT-database sampler the
+            ghosts come from (a config's ``db_sampler``); not loaded when the points are an unread input.
+        point_cloud_range (Sequence[float]): ``lidar_ghost``, ``mixed_lie``: the range every ghost lies in.
         object_margin (float): ``object_drop``: metres added to every side of the boxes. Default: 0.25.
         seed (int): base seed of the random modes.
         forward_camera (str): ``fov``: the camera whose optical axis is the forward direction.
@@ -203,6 +257,9 @@ class SensorCorruption:
                  keep_beams: Optional[int] = None, keep_ratio: Optional[float] = None,
                  drop_prob: Optional[float] = None, fail_prob: Optional[float] = None,
                  rotation_deg: Optional[float] = None, sector_deg: Optional[float] = None,
+                 num_ghosts: Optional[int] = None, num_views: Optional[int] = None, yaw_deg: Optional[float] = None,
+                 frame_prob: Optional[float] = None, ghost_database: Optional[Dict] = None,
+                 point_cloud_range: Sequence[float] = DEFAULT_POINT_CLOUD_RANGE,
                  object_margin: float = 0.25, seed: int = 0,
                  forward_camera: str = 'CAM_FRONT', forward_yaw_deg: Optional[float] = None,
                  lidar_beams: int = HDL32E_BEAMS,
@@ -211,9 +268,12 @@ class SensorCorruption:
         spec = corruption_mode(mode)
         if inputs is not None and not set(inputs) <= set(spec.input_keys):
             raise ValueError(f'SensorCorruption: mode {mode!r} corrupts {list(spec.input_keys)}, not {list(inputs)}')
-        arguments = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio,
-                         drop_prob=drop_prob, fail_prob=fail_prob, rotation_deg=rotation_deg, sector_deg=sector_deg)
-        foreign = [name for name, value in arguments.items() if value is not None and name != spec.arg_name]
+        given = dict(view=view, fov_deg=fov_deg, keep_beams=keep_beams, keep_ratio=keep_ratio, drop_prob=drop_prob,
+                     fail_prob=fail_prob, rotation_deg=rotation_deg, sector_deg=sector_deg, num_ghosts=num_ghosts,
+                     num_views=num_views, yaw_deg=yaw_deg, frame_prob=frame_prob)
+        options = dict(spec.options)
+        foreign = [name for name, value in given.items()
+                   if value is not None and name not in spec.arg_names and name not in options]
         if foreign:
             raise ValueError(f'SensorCorruption: {foreign} are not arguments of mode {mode!r}')
         if object_margin < 0:
@@ -221,13 +281,23 @@ class SensorCorruption:
         self.mode = mode
         self.input_keys = tuple(key for key in spec.input_keys if inputs is None or key in inputs)
         self.unread_inputs = tuple(key for key in spec.input_keys if key not in self.input_keys)
-        self.arg_name = spec.arg_name
-        self.value = check_corruption_argument(mode, arguments.get(spec.arg_name))
-        self.name = corruption_name(mode, self.value)
-        if mode == 'beams' and not (self.value <= lidar_beams and lidar_beams >= 2
+        self.random = spec.random
+        #: the mode's arguments (CLI order), then its options, by name
+        self.args = {name: check_corruption_argument(mode, name, given[name]) for name in spec.arg_names}
+        self.args.update({name: check_corruption_argument(mode, name, default if given[name] is None
+                                                          else given[name]) for name, default in options.items()})
+        self.name = corruption_name(mode, *(self.args[name] for name in spec.arg_names))
+        if mode == 'beams' and not (self.args['keep_beams'] <= lidar_beams and lidar_beams >= 2
                                     and elevation_range_deg[0] < elevation_range_deg[1]):
-            raise ValueError(f'SensorCorruption({self.name}): cannot keep {self.value} beams of a LiDAR with '
-                             f'lidar_beams={lidar_beams}, elevation_range_deg={elevation_range_deg}')
+            raise ValueError(f'SensorCorruption({self.name}): cannot keep {self.args["keep_beams"]} beams of a LiDAR '
+                             f'with lidar_beams={lidar_beams}, elevation_range_deg={elevation_range_deg}')
+        places_ghosts = mode in GHOST_MODES and 'points' in self.input_keys
+        if places_ghosts and ghost_database is None:
+            raise ValueError(f'SensorCorruption({self.name}) needs ghost_database: the config of the GT-database '
+                             f'sampler its ghosts come from (the config\'s db_sampler; corrupt_config passes it)')
+        if mode not in GHOST_MODES and ghost_database is not None:
+            raise ValueError(f'SensorCorruption({self.name}): ghost_database is only for {", ".join(GHOST_MODES)}')
+        self.ghosts = GhostPlacer(ghost_database, point_cloud_range) if places_ghosts else None
         self.object_margin = float(object_margin)
         self.seed = seed
         self.forward_camera = forward_camera
@@ -241,23 +311,21 @@ class SensorCorruption:
         if missing:
             raise KeyError(f'SensorCorruption({self.name}) needs results{missing}: put it after the loading steps '
                            f'(datasets.corruption_config.insert_corruption does)')
-        record = dict(name=self.name, mode=self.mode)
-        if self.arg_name is not None:
-            record[self.arg_name] = self.value
-        if self.mode in ('points', 'object_drop', 'camera_fail', 'extrinsic', 'mixed'):
+        record = dict(name=self.name, mode=self.mode, **self.args)
+        rng = None
+        if self.random:
             record['seed'] = self.seed
+            rng = self._rng(results)
         if self.unread_inputs:
             record['unread_inputs'] = list(self.unread_inputs)
-        if self.mode == 'mixed':
-            lidar_yaw = self._rng(results).uniform(-np.pi, np.pi)
+        if self.mode in ('mixed', 'mixed_lie'):
+            lidar_yaw = rng.uniform(-np.pi, np.pi)
             record['lidar_sector_deg'] = float(np.degrees(lidar_yaw))
             record['camera_sector_deg'] = float(np.degrees(np.remainder(lidar_yaw + 2 * np.pi, 2 * np.pi) - np.pi))
-        if self.mode == 'extrinsic' and 'img' in self.input_keys:
-            self._misalign_cameras(results, record)
-        elif 'img' in self.input_keys:
-            self._black_out_views(results, record)
+        if 'img' in self.input_keys:
+            self._corrupt_cameras(results, record, rng)
         if 'points' in self.input_keys:
-            self._filter_points(results, record)
+            self._corrupt_points(results, record, rng)
         results[CORRUPTION_KEY] = record
         return results
 
@@ -268,95 +336,147 @@ class SensorCorruption:
                            f'the sample\'s random draw')
         return sample_rng(self.seed, results['sample_idx'])
 
-    def _black_out_views(self, results: Dict, record: Dict) -> None:
-        images = results['img']
-        if not isinstance(images, (list, tuple)):
-            raise TypeError(f'SensorCorruption({self.name}) needs results["img"] as a list of per-view images '
-                            f'(LoadMultiViewImageFromFiles), got {type(images).__name__}')
-        views = self._failed_views(results, len(images), record)
-        record['views'] = views
-        results['img'] = [np.zeros_like(img) if view in views else img for view, img in enumerate(images)]
+    def _corrupt_cameras(self, results: Dict, record: Dict, rng: Optional[np.random.Generator]) -> None:
+        if self.mode == 'extrinsic':
+            axes = [rng.normal(size=3) for _ in range(self._num_calibrated_views(results))]
+            axes = [axis / np.linalg.norm(axis) for axis in axes]
+            for view, axis in enumerate(axes):
+                self._rotate_calibration(results, view, axis_angle_rotation(axis, self.args['rotation_deg']))
+            record['rotation_axes'] = [axis.tolist() for axis in axes]
+        elif self.mode in ('view_yaw', 'mixed_lie'):
+            num_views = self._num_calibrated_views(results)
+            if self.mode == 'mixed_lie':
+                views = self._views_facing(results, record['camera_sector_deg'], num_views)
+            elif self.args['num_views'] > num_views:
+                raise ValueError(f'SensorCorruption({self.name}): the sample has {num_views} camera views, fewer '
+                                 f'than the {self.args["num_views"]} to yaw')
+            else:
+                views = sorted(rng.choice(num_views, self.args['num_views'], replace=False).tolist())
+            for view in views:
+                self._rotate_calibration(results, view, camera_yaw_rotation(self.args['yaw_deg']))
+            record['yawed_views'] = views
+        else:
+            self._black_out_views(results, record, rng)
 
-    def _failed_views(self, results: Dict, num_views: int, record: Dict) -> List[int]:
-        """The camera views made black."""
-        if self.mode == 'view_drop':
-            if self.value >= num_views:
-                raise ValueError(f'SensorCorruption({self.name}): the sample has {num_views} camera views '
-                                 f'(0..{num_views - 1})')
-            names = results.get('camera_names')
-            record['camera'] = names[self.value] if names is not None else None
-            return [self.value]
-        if self.mode == 'camera_fail':
-            return np.flatnonzero(self._rng(results).random(num_views) < self.value).tolist()
-        if self.mode == 'mixed':
-            if 'lidar2cam' not in results or len(results['lidar2cam']) != num_views:
-                raise KeyError(f'SensorCorruption({self.name}) needs the calibration of every camera '
-                               f'(results["lidar2cam"], one per view) to find the cameras of the failed sector')
-            yaws = np.array([camera_forward_yaw(lidar2cam) for lidar2cam in results['lidar2cam']])
-            facing = fov_mask(np.stack([np.cos(yaws), np.sin(yaws)], 1), np.deg2rad(record['camera_sector_deg']),
-                              self.value)
-            return np.flatnonzero(facing).tolist()
-        return list(range(num_views))
-
-    def _misalign_cameras(self, results: Dict, record: Dict) -> None:
-        """Rotate every ``lidar2cam`` by ``rotation_deg`` about a random axis; recompose ``lidar2img``, in place."""
+    def _num_calibrated_views(self, results: Dict) -> int:
         missing = [key for key in ('lidar2cam', 'cam_intrinsic', 'lidar2img') if key not in results]
         if missing:
             raise KeyError(f'SensorCorruption({self.name}) needs the camera calibration results{missing} '
                            f'(CustomNuScenesDataset with use_camera=True provides it)')
-        rng = self._rng(results)
-        axes = []
-        for view, (lidar2cam, intrinsic) in enumerate(zip(results['lidar2cam'], results['cam_intrinsic'])):
-            axis = rng.normal(size=3)
-            axis /= np.linalg.norm(axis)
-            rotation = np.eye(4)
-            rotation[:3, :3] = axis_angle_rotation(axis, self.value)
-            misaligned = rotation @ np.asarray(lidar2cam, dtype=np.float64)
-            # in place: the lists' arrays are shared with the 'extrinsics' / 'intrinsics' aliases
-            lidar2cam[...] = misaligned
-            results['lidar2img'][view][...] = np.asarray(intrinsic, dtype=np.float64) @ misaligned
-            axes.append(axis.tolist())
-        record['rotation_axes'] = axes
+        return len(results['lidar2cam'])
 
-    def _filter_points(self, results: Dict, record: Dict) -> None:
+    @staticmethod
+    def _rotate_calibration(results: Dict, view: int, rotation: np.ndarray) -> None:
+        """``lidar2cam`` of ``view`` rotated in its camera frame (``R @ lidar2cam``), ``lidar2img`` recomposed.
+
+        In place: the lists' arrays are shared with the ``extrinsics`` / ``intrinsics`` aliases.
+        """
+        transform = np.eye(4)
+        transform[:3, :3] = rotation
+        lidar2cam = results['lidar2cam'][view]
+        lidar2cam[...] = transform @ np.asarray(lidar2cam, dtype=np.float64)
+        results['lidar2img'][view][...] = np.asarray(results['cam_intrinsic'][view], dtype=np.float64) @ lidar2cam
+
+    def _black_out_views(self, results: Dict, record: Dict, rng: Optional[np.random.Generator]) -> None:
+        images = results['img']
+        if not isinstance(images, (list, tuple)):
+            raise TypeError(f'SensorCorruption({self.name}) needs results["img"] as a list of per-view images '
+                            f'(LoadMultiViewImageFromFiles), got {type(images).__name__}')
+        views = self._failed_views(results, len(images), record, rng)
+        record['views'] = views
+        results['img'] = [np.zeros_like(img) if view in views else img for view, img in enumerate(images)]
+
+    def _failed_views(self, results: Dict, num_views: int, record: Dict,
+                      rng: Optional[np.random.Generator]) -> List[int]:
+        """The camera views made black."""
+        if self.mode == 'view_drop':
+            view = self.args['view']
+            if view >= num_views:
+                raise ValueError(f'SensorCorruption({self.name}): the sample has {num_views} camera views '
+                                 f'(0..{num_views - 1})')
+            names = results.get('camera_names')
+            record['camera'] = names[view] if names is not None else None
+            return [view]
+        if self.mode == 'camera_fail':
+            return np.flatnonzero(rng.random(num_views) < self.args['fail_prob']).tolist()
+        if self.mode == 'mixed':
+            return self._views_facing(results, record['camera_sector_deg'], num_views)
+        return list(range(num_views))
+
+    def _views_facing(self, results: Dict, centre_deg: float, num_views: int) -> List[int]:
+        """The views whose optical axis (on the LiDAR x-y plane) is within ``sector_deg / 2`` of ``centre_deg``."""
+        if 'lidar2cam' not in results or len(results['lidar2cam']) != num_views:
+            raise KeyError(f'SensorCorruption({self.name}) needs the calibration of every camera '
+                           f'(results["lidar2cam"], one per view) to find the cameras of its sector')
+        yaws = np.array([camera_forward_yaw(lidar2cam) for lidar2cam in results['lidar2cam']])
+        facing = fov_mask(np.stack([np.cos(yaws), np.sin(yaws)], 1), np.deg2rad(centre_deg), self.args['sector_deg'])
+        return np.flatnonzero(facing).tolist()
+
+    def _corrupt_points(self, results: Dict, record: Dict, rng: Optional[np.random.Generator]) -> None:
         points = results['points']
-        keep = self._kept_points(results, points.tensor.numpy(), record)
-        record.update(num_points_before=int(len(keep)), num_points_after=int(keep.sum()))
-        results['points'] = points[torch.from_numpy(keep)]
+        if self.mode in GHOST_MODES:
+            sector = (record['lidar_sector_deg'], self.args['sector_deg']) if self.mode == 'mixed_lie' else None
+            changed, ghosts = self.ghosts(points.tensor.numpy(), rng, self.args['num_ghosts'],
+                                          self._scene_boxes(results), sector)
+            record.update(ghosts)
+            results['points'] = points.new_point(changed)
+        elif self.mode == 'lidar_misalign':
+            record['misaligned'] = bool(rng.random() < self.args['frame_prob'])
+            if record['misaligned']:
+                transform = lidar_misalignment(self.args['rotation_deg'], MISALIGNMENT_SHIFT_M)
+                moved = points.tensor.numpy().astype(np.float64)
+                moved[:, :3] = moved[:, :3] @ transform[:3, :3].T + transform[:3, 3]
+                results['points'] = points.new_point(moved.astype(points.tensor.numpy().dtype))
+        else:
+            keep = self._kept_points(results, points.tensor.numpy(), record, rng)
+            results['points'] = points[torch.from_numpy(keep)]
+        record.update(num_points_before=len(points), num_points_after=len(results['points']))
 
-    def _kept_points(self, results: Dict, points: np.ndarray, record: Dict) -> np.ndarray:
+    def _scene_boxes(self, results: Dict) -> np.ndarray:
+        """``[M, D]`` the boxes of the sample: those pasted by ``UnifiedObjectSample`` in training too."""
+        if 'gt_bboxes_3d' in results:
+            return results['gt_bboxes_3d'].tensor.numpy()
+        return self._annotated_boxes(results)
+
+    def _annotated_boxes(self, results: Dict) -> np.ndarray:
+        """``[M, D]`` the boxes of the sample's annotations."""
+        boxes = results.get('ann_info', {}).get('gt_bboxes_3d')
+        if boxes is None:
+            raise KeyError(f'SensorCorruption({self.name}) needs the ground-truth boxes at test time '
+                           f'(results["ann_info"]["gt_bboxes_3d"]); CustomNuScenesDataset provides them when the '
+                           f'info file has annotations (not for the nuScenes test split)')
+        return boxes.tensor.numpy() if hasattr(boxes, 'tensor') else np.asarray(boxes)
+
+    def _kept_points(self, results: Dict, points: np.ndarray, record: Dict,
+                     rng: Optional[np.random.Generator]) -> np.ndarray:
         """``[N]`` bool mask of the points kept, for ``points`` ``[N, C]`` (xyz first)."""
         if self.mode == 'lidar_drop':
             return np.zeros(len(points), dtype=bool)
         if self.mode == 'fov':
             forward_yaw = self._forward_yaw(results)
             record['forward_yaw_deg'] = float(np.degrees(forward_yaw))
-            return fov_mask(points[:, :2], forward_yaw, self.value)
+            return fov_mask(points[:, :2], forward_yaw, self.args['fov_deg'])
         if self.mode == 'mixed':
-            return ~fov_mask(points[:, :2], np.deg2rad(record['lidar_sector_deg']), self.value)
+            return ~fov_mask(points[:, :2], np.deg2rad(record['lidar_sector_deg']), self.args['sector_deg'])
         if self.mode == 'beams':
             xyz = points[:, :3]
             if self.sweep_time_column is not None:
                 xyz = points_in_sweep_frames(xyz, points[:, self.sweep_time_column], results['sweeps'],
                                              results['timestamp'])
-            kept = kept_beams(self.lidar_beams, self.value)
+            kept = kept_beams(self.lidar_beams, self.args['keep_beams'])
             record['kept_beams'] = kept.tolist()
             return np.isin(beam_indices(xyz, self.lidar_beams, self.elevation_range_deg), kept)
         if self.mode == 'object_drop':
-            return self._points_outside_dropped_objects(results, points, record)
+            return self._points_outside_dropped_objects(results, points, record, rng)
         keep = np.zeros(len(points), dtype=bool)
-        num_kept = int(round(self.value * len(points)))
-        keep[self._rng(results).choice(len(points), num_kept, replace=False)] = True
+        num_kept = int(round(self.args['keep_ratio'] * len(points)))
+        keep[rng.choice(len(points), num_kept, replace=False)] = True
         return keep
 
-    def _points_outside_dropped_objects(self, results: Dict, points: np.ndarray, record: Dict) -> np.ndarray:
-        boxes = results.get('ann_info', {}).get('gt_bboxes_3d')
-        if boxes is None:
-            raise KeyError(f'SensorCorruption({self.name}) needs the ground-truth boxes at test time '
-                           f'(results["ann_info"]["gt_bboxes_3d"]); CustomNuScenesDataset provides them when the '
-                           f'info file has annotations (not for the nuScenes test split)')
-        boxes = boxes.tensor.numpy() if hasattr(boxes, 'tensor') else np.asarray(boxes)
-        dropped = np.flatnonzero(self._rng(results).random(len(boxes)) < self.value)
+    def _points_outside_dropped_objects(self, results: Dict, points: np.ndarray, record: Dict,
+                                        rng: np.random.Generator) -> np.ndarray:
+        boxes = self._annotated_boxes(results)
+        dropped = np.flatnonzero(rng.random(len(boxes)) < self.args['drop_prob'])
         record.update(num_objects=int(len(boxes)), dropped_objects=dropped.tolist())
         if not len(dropped) or not len(points):
             return np.ones(len(points), dtype=bool)
@@ -384,8 +504,8 @@ class SensorCorruption:
         return camera_forward_yaw(results['lidar2cam'][names.index(self.forward_camera)])
 
     def __repr__(self) -> str:
-        argument = '' if self.arg_name is None else f'{self.arg_name}={self.value}, '
-        return (f'{self.__class__.__name__}(mode={self.mode!r}, {argument}seed={self.seed}, '
+        arguments = ''.join(f'{name}={value}, ' for name, value in self.args.items())
+        return (f'{self.__class__.__name__}(mode={self.mode!r}, {arguments}seed={self.seed}, ghosts={self.ghosts}, '
                 f'forward_camera={self.forward_camera!r}, forward_yaw_deg={self.forward_yaw_deg}, '
                 f'lidar_beams={self.lidar_beams}, elevation_range_deg={self.elevation_range_deg}, '
                 f'sweep_time_column={self.sweep_time_column})')

@@ -26,6 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import mmcv
 import numpy as np
+from mmdet3d.core.points import BasePoints
 from mmdet3d.datasets.builder import OBJECTSAMPLERS, PIPELINES
 from mmdet3d.datasets.pipelines.dbsampler import BatchSampler
 from mmdet3d.utils import get_root_logger
@@ -169,19 +170,23 @@ class UnifiedDataBaseSampler:
                              f'{gt_bboxes.shape[1]}-value boxes (with_velocity must match the database)')
         points_list, box_index = [], []
         for index, info in enumerate(sampled):
-            path = self._path(info['path'])
-            if not osp.isfile(path):
-                raise FileNotFoundError(f'GT database points file not found: {path} (listed in {self.info_path})')
-            points = self.points_loader(dict(pts_filename=path))['points']
-            points.translate(info['box3d_lidar'][:3])
-            points_list.append(points)
-            box_index.append(np.full(len(points), index, dtype=np.int64))
+            points_list.append(self.object_points(info))
+            box_index.append(np.full(len(points_list[-1]), index, dtype=np.int64))
         result = dict(gt_bboxes_3d=boxes,
                       gt_labels_3d=np.array([self.cat2label[info['name']] for info in sampled], dtype=np.int64),
                       points=points_list[0].cat(points_list), points_box_index=np.concatenate(box_index))
         if with_img:
             result['images'] = [self._load_patches(info) for info in sampled]
         return result
+
+    def object_points(self, info: dict) -> BasePoints:
+        """The LiDAR points of the database object ``info``, where its box is in its source frame, every column."""
+        path = self._path(info['path'])
+        if not osp.isfile(path):
+            raise FileNotFoundError(f'GT database points file not found: {path} (listed in {self.info_path})')
+        points = self.points_loader(dict(pts_filename=path))['points']
+        points.translate(info['box3d_lidar'][:3])
+        return points
 
     def _load_patches(self, info: dict) -> Dict[Optional[str], np.ndarray]:
         patches: Dict[Optional[str], np.ndarray] = {}

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from mmdet.datasets.builder import PIPELINES
 
-from .corruption import SensorCorruption, parse_corruption
+from .corruption import GHOST_MODES, SensorCorruption, parse_corruption
 
 #: Largest seed drawn for a corruption's own random draws.
 MAX_SEED = 2**31 - 1
@@ -34,13 +34,16 @@ class RandomSensorCorruption:
             --corruption``); the probabilities sum to at most 1.
         sweep_time_column (int, optional): passed to ``SensorCorruption`` (the
             points' sweep time lag column written by ``LoadPointsFromMultiSweeps``).
+        ghost_database (dict, optional), point_cloud_range (Sequence[float], optional): passed to the
+            ``SensorCorruption`` s that place ghosts (``lidar_ghost``, ``mixed_lie``), which need the database.
 
     Each call draws the corruption with numpy's global generator (seeded per
     worker by mmdet) and a fresh seed for the corruption's own draws, so a
     sample is corrupted differently in every epoch.
     """
 
-    def __init__(self, corruptions: Sequence[dict], sweep_time_column: Optional[int] = None) -> None:
+    def __init__(self, corruptions: Sequence[dict], sweep_time_column: Optional[int] = None,
+                 ghost_database: Optional[Dict] = None, point_cloud_range: Optional[Sequence[float]] = None) -> None:
         if not corruptions:
             raise ValueError('RandomSensorCorruption needs at least one corruption, e.g. '
                              "[dict(spec='object_drop:0.5', prob=0.2)]")
@@ -48,11 +51,15 @@ class RandomSensorCorruption:
         for index, item in enumerate(corruptions):
             unknown = set(item) - {'spec', 'prob'}
             if unknown or 'spec' not in item or 'prob' not in item:
-                raise ValueError(f"corruptions[{index}] must be dict(spec='mode[:arg]', prob=p), got {item!r}")
+                raise ValueError(f"corruptions[{index}] must be dict(spec='mode[:arg[:arg]]', prob=p), got {item!r}")
             if not 0 <= item['prob'] <= 1:
                 raise ValueError(f"corruptions[{index}]: prob must be in [0, 1], got {item['prob']!r}")
             config = parse_corruption(item['spec'])
             config.pop('type')
+            if config['mode'] in GHOST_MODES:
+                config['ghost_database'] = ghost_database
+                if point_cloud_range is not None:
+                    config['point_cloud_range'] = point_cloud_range
             self.transforms.append(SensorCorruption(**config, sweep_time_column=sweep_time_column))
             probabilities.append(float(item['prob']))
         if sum(probabilities) > 1 + 1e-9:

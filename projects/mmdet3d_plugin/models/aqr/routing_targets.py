@@ -15,13 +15,16 @@ takes that object's truths as targets of its ``lidar`` / ``camera`` weights
 
 The *oracle* routing (:func:`oracle_routing_weights`) gives every query, at
 test time, the weights the corrupted input's truth implies: LiDAR 1 where its
-BEV window holds points, camera 1 where a live view sees its reference point.
+BEV window holds points (``oracle_objects``: points standing at least
+``OBJECT_MIN_HEIGHT`` above the local ground, so that the ground around a
+dropped object does not count), camera 1 where a live view sees its reference point.
 Everything here is a pure function of tensors and metas, so it is testable
 without a model.
 """
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...attention.bias.window_cells import window_offsets, window_token_index
@@ -33,6 +36,10 @@ from .projection import bev_cells
 
 #: boxes per block in :func:`count_points_in_boxes` (bounds its ``[points, block]`` temporaries).
 BOX_BLOCK = 16
+#: BEV cells on a side of the neighbourhood whose lowest point is the local ground (:func:`lidar_occupancy`).
+GROUND_WINDOW = 3
+#: ``oracle_objects``: metres above the local ground from which a point is an object's, not the ground's.
+OBJECT_MIN_HEIGHT = 0.3
 
 
 def count_points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
@@ -155,14 +162,19 @@ def query_target_loss(lidar_weights: Tensor, camera_weights: Tensor, targets: Te
     return (bce * mask).sum() / (2 * mask.sum()).clamp(min=1.0)
 
 
-def lidar_occupancy(points: Tensor, pc_range: Sequence[float], bev_shape: Sequence[int]) -> Tensor:
-    """Which BEV cells hold at least one LiDAR point.
+def lidar_occupancy(points: Tensor, pc_range: Sequence[float], bev_shape: Sequence[int],
+                    min_height: Optional[float] = None) -> Tensor:
+    """Which BEV cells hold at least one LiDAR point (with ``min_height``: one that is not ground).
 
     Args:
         points (Tensor): ``[P, >=3]`` one sample's points (LiDAR frame).
         pc_range (Sequence[float]): ``[x_min, y_min, z_min, x_max, y_max, z_max]``.
         bev_shape (Sequence[int]): ``(H, W)``: rows along y, columns along x
             (the BEV memory's layout).
+        min_height (float, optional): count only the points at least this many
+            metres above the local ground: the lowest point within
+            ``GROUND_WINDOW`` x ``GROUND_WINDOW`` cells around their own (None:
+            every point counts).
 
     Returns:
         Tensor: ``[H, W]`` bool.
@@ -172,9 +184,14 @@ def lidar_occupancy(points: Tensor, pc_range: Sequence[float], bev_shape: Sequen
     xyz = points[:, :3].float()
     xyz = xyz[((xyz >= low) & (xyz < high)).all(dim=1)]
     _, cells = bev_cells(((xyz - low) / (high - low))[None], bev_shape)
+    cells = cells[0]
     height, width = (int(size) for size in bev_shape)
+    if min_height is not None:
+        lowest = xyz.new_full((height * width, ), float('inf')).scatter_reduce(0, cells, xyz[:, 2], 'amin')
+        ground = -F.max_pool2d(-lowest.view(1, 1, height, width), GROUND_WINDOW, 1, GROUND_WINDOW // 2).flatten()
+        cells = cells[xyz[:, 2] - ground[cells] >= min_height]
     occupancy = torch.zeros(height * width, dtype=torch.bool, device=points.device)
-    occupancy[cells[0]] = True
+    occupancy[cells] = True
     return occupancy.view(height, width)
 
 

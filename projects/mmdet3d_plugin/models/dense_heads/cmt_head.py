@@ -104,7 +104,8 @@ class CmtHead(BaseModule):
         camera_aids (dict, optional): :class:`CameraAids` (``image_aux_config``,
             ``camera_depth_position``, ``camera_window_prior``, ``fused_image_drop_prob``).
         train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values), ``grid_size``.
-        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` / ``'oracle'``).
+        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` / ``'oracle'`` /
+            ``'oracle_objects'``).
     """
 
     def __init__(self,
@@ -258,7 +259,7 @@ class CmtHead(BaseModule):
                                            self.training)
         memory = DecoderMemory(bev_feat, self.positions.bev(bev_feat), cameras.fused_img_feat, cameras.fused_rv_pos)
         num_dn = reference_points.size(1) - self.num_query
-        oracle = not self.training and self.router.uses_oracle(self.test_cfg, type(self).__name__)
+        oracle = None if self.training else self.router.oracle_routing(self.test_cfg, type(self).__name__)
         fused, routing = self.router.route(reference_points, query_embed, memory, cameras.fused_metas, geometry,
                                            num_dn, oracle)
         prior = self.camera_aids.window_prior_bias(reference_points, img_feat, geometry)

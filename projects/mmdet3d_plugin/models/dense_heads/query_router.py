@@ -19,10 +19,10 @@ which the head's config upgrade moves into its ``routing`` sub-config. Data flow
          or, legacy (modulation='feature'), FeatureModulation -> modulated features, no bias
     -> (DecoderMemory with the bias, QueryRouting)
 
-Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` replaces the learned
-weights at test time by the input's truth (LiDAR 1 where a query's BEV window holds points, camera 1 where a live
-view sees its reference point): the headroom routing could add. New parameters live under ``aqr_weight_generator.``
-and ``attention_bias_generator.`` (:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
+Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` (or
+``'oracle_objects'``) replaces the learned weights at test time by the input's truth (:data:`TEST_ROUTINGS`): the
+headroom routing could add. New parameters live under ``aqr_weight_generator.`` and ``attention_bias_generator.``
+(:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -33,18 +33,22 @@ from torch import Tensor, nn
 
 from ..aqr.bias_generator import AttentionBiasGenerator
 from ..aqr.feature_modulation import FeatureModulation
-from ..aqr.routing_targets import live_camera_views, lidar_occupancy, oracle_routing_weights
+from ..aqr.routing_targets import OBJECT_MIN_HEIGHT, live_camera_views, lidar_occupancy, oracle_routing_weights
 from ..utils.camera_geometry import CameraGeometry
 from ..utils.img_meta_keys import LIDAR_POINTS_KEY
 from .pass_plan import DecoderMemory
 
 MODULATIONS = ('attention_bias', 'feature')
-#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`).
-TEST_ROUTINGS = ('learned', 'oracle')
+#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`: LiDAR 1
+#: where a query's BEV window holds points, camera 1 where a live view sees its reference point), every point
+#: counting or only those above the local ground (``OBJECT_MIN_HEIGHT``).
+TEST_ROUTINGS = ('learned', 'oracle', 'oracle_objects')
+#: The oracle routings and the height above the local ground from which their LiDAR truth counts a point.
+ORACLE_MIN_HEIGHTS = dict(oracle=None, oracle_objects=OBJECT_MIN_HEIGHT)
 
 
 def routing_mode(test_cfg: Optional[dict], owner: str = 'CmtHead') -> str:
-    """``test_cfg['aqr_routing']``: ``'learned'`` (default) or ``'oracle'``."""
+    """``test_cfg['aqr_routing']``: ``'learned'`` (default), ``'oracle'`` or ``'oracle_objects'``."""
     routing = (test_cfg or {}).get('aqr_routing', 'learned')
     if routing not in TEST_ROUTINGS:
         raise ValueError(f"{owner}: test_cfg['aqr_routing'] must be one of {TEST_ROUTINGS}, got {routing!r}")
@@ -164,9 +168,14 @@ class QueryRouter:
         modules = dict(aqr_weight_generator=self.weight_generator, attention_bias_generator=self.bias_generator)
         return dict(modules, **(self.feature_modulation.modules if self.modulates_features else {}))
 
+    def oracle_routing(self, test_cfg: Optional[dict], owner: str = 'CmtHead') -> Optional[str]:
+        """The oracle routing that replaces the learned weights in testing (``test_cfg['aqr_routing']``), or None."""
+        routing = routing_mode(test_cfg, owner)
+        return routing if self.enabled and routing in ORACLE_MIN_HEIGHTS else None
+
     def uses_oracle(self, test_cfg: Optional[dict], owner: str = 'CmtHead') -> bool:
         """Whether testing replaces the learned weights by the input's truth (``test_cfg['aqr_routing']``)."""
-        return self.enabled and routing_mode(test_cfg, owner) == 'oracle'
+        return self.oracle_routing(test_cfg, owner) is not None
 
     @property
     def needs_gt_point_counts(self) -> bool:
@@ -174,7 +183,7 @@ class QueryRouter:
         return self.enabled and self.weight_generator.with_query_targets
 
     def route(self, reference_points: Tensor, query_embed: Tensor, memory: DecoderMemory, img_metas: Sequence[dict],
-              geometry: CameraGeometry, num_dn: int, oracle: bool = False
+              geometry: CameraGeometry, num_dn: int, oracle: Optional[str] = None
               ) -> Tuple[DecoderMemory, Optional[QueryRouting]]:
         """Route the matching queries (the last ``P - num_dn``) and return what the decoder gets.
 
@@ -186,7 +195,8 @@ class QueryRouter:
                 and the dead views for the oracle).
             geometry (CameraGeometry): the batch's cameras (:meth:`CameraGeometry.from_metas`).
             num_dn (int): DN queries at the front.
-            oracle (bool): the input's truth instead of the learned weights.
+            oracle (str, optional): an oracle routing (``'oracle'``, ``'oracle_objects'``): the input's truth
+                instead of the learned weights.
 
         Returns:
             tuple[DecoderMemory, QueryRouting | None]: the memory with the
@@ -200,7 +210,8 @@ class QueryRouter:
             bev_pos=memory.bev_pos, img_pos=memory.rv_pos)
         bev_shape, camera_shape = memory.grid_shapes()
         if oracle:
-            lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas)
+            lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas,
+                                                                 ORACLE_MIN_HEIGHTS[oracle])
         routing = QueryRouting(lidar_weights, camera_weights, info, img_metas, geometry)
         if self.modulates_features:
             bev_feat, img_feat = self.feature_modulation(lidar_weights, camera_weights, info, bev_feat, img_feat,
@@ -211,7 +222,7 @@ class QueryRouter:
         return memory._replace(cross_attn_bias=bias), routing
 
     def _oracle_weights(self, info: Dict[str, Tensor], bev_shape: Tuple[int, int], num_views: int,
-                        img_metas: Sequence[dict]) -> Tuple[Tensor, Tensor]:
+                        img_metas: Sequence[dict], min_height: Optional[float]) -> Tuple[Tensor, Tensor]:
         """The oracle's ``lidar`` / ``camera`` weights ``[bs, Q]`` (see ``models/aqr/routing_targets.py``)."""
         device = info['pts_bev'].device
         occupancy, live = [], []
@@ -219,7 +230,8 @@ class QueryRouter:
             if LIDAR_POINTS_KEY not in meta:
                 raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': oracle routing reads the sample's "
                                f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
-            occupancy.append(lidar_occupancy(meta[LIDAR_POINTS_KEY].to(device), self.pc_range, bev_shape))
+            occupancy.append(lidar_occupancy(meta[LIDAR_POINTS_KEY].to(device), self.pc_range, bev_shape,
+                                             min_height))
             live.append(live_camera_views(meta, num_views, device))
         return oracle_routing_weights(info, torch.stack(occupancy), torch.stack(live),
                                       self.weight_generator.lidar_window)
