@@ -78,9 +78,9 @@ def test_the_oracle_reads_the_points_and_the_test_routing_is_checked(decoder, cm
     assert router.uses_oracle(dict(aqr_routing='oracle')) and not router.uses_oracle(None)
     reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
     with pytest.raises(KeyError, match="no 'lidar_points'"):
-        router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle=True)
+        router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle='oracle')
     metas = [dict(meta, lidar_points=torch.zeros(1, 3)) for meta in metas]
-    _, routing = router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle=True)
+    _, routing = router.route(reference_points, query_embed, memory, metas, geometry, NUM_DN, oracle='oracle')
     assert set(torch.cat([routing.lidar_weights, routing.camera_weights]).unique().tolist()) <= {0.0, 1.0}
     with pytest.raises(ValueError, match=r"test_cfg\['aqr_routing'\] must be one of"):
         routing_mode(dict(aqr_routing='best'))
