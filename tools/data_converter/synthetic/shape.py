@@ -20,6 +20,8 @@ FRONT_LENGTH_SHARE = 0.4
 REAR_HEIGHT_SHARE = 0.6
 #: Colour (BGR) of the front face of every object in the camera images.
 FRONT_FACE_BGR = (255, 255, 255)
+#: LiDAR intensity of every object's front part (a retro-reflective front; the rear keeps its class's intensity).
+FRONT_INTENSITY = 250.0
 
 
 def object_parts(boxes: BoxSet) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
@@ -46,7 +48,7 @@ def object_parts(boxes: BoxSet) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
         lwh=np.stack([np.stack([front_length, width, height], 1), np.stack([rear_length, width, rear_height], 1)],
                      axis=1).reshape(-1, 3),
         yaws=np.repeat(boxes.yaws, 2),
-        intensities=np.repeat(boxes.intensities, 2))
+        intensities=np.stack([np.full_like(boxes.intensities, FRONT_INTENSITY), boxes.intensities], 1).reshape(-1))
     owner = np.repeat(np.arange(len(boxes)), 2)
     is_front = np.tile([True, False], len(boxes))
     return parts, owner, is_front
