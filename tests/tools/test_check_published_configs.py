@@ -65,3 +65,35 @@ def test_the_r50_cmt_aqr_config_trains_tests_and_submits_in_two_processes(nuscen
     assert row['losses_finite'] and row['seconds_per_iter'] > 0 and row['peak_host_mib'] > 0
     assert 0.0 <= row['nds'] <= 1.0
     assert row['submission_samples'] == 1
+
+
+def test_an_interrupted_step_ends_the_processes_its_tool_started(tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    from projects.mmdet3d_plugin.experiments import published_configs
+    pid_file = tmp_path / 'child'
+    process = subprocess.Popen(['bash', '-c', f'sleep 60 & echo $! > {pid_file}; wait'])
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+
+    def interrupted_wait(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(published_configs, 'start_tool', lambda command, env: process)
+    monkeypatch.setattr(process, 'wait', interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        published_configs.run_measured(['tools/x.sh'], {})
+    subprocess.Popen.wait(process, timeout=10)
+    time.sleep(0.2)
+    assert not running(child)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a killed process may stay a zombie until it is reaped)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rpartition(')')[2].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False

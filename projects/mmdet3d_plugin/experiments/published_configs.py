@@ -15,16 +15,18 @@ and :func:`results_table` prints one row per config: seconds per iteration (medi
 after the first), peak memory (the processes' summed proportional set size, sampled every second; the GPU's
 peak as logged by mmcv on CUDA), whether every logged loss is finite, NDS and the submission's samples.
 """
+import contextlib
 import glob
 import json
 import math
 import os
 import os.path as osp
+import signal
 import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from ..utils.local_resources import free_port
 from ..utils.repo_paths import REPO_ROOT
@@ -68,9 +70,8 @@ def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Opt
     return cfg
 
 
-def process_tree_mib(root_pid: int) -> float:
-    """The summed proportional set size (``Pss``; ``Rss`` where it is not given) of ``root_pid`` and all its
-    descendants, MiB (0 for processes that ended meanwhile)."""
+def process_tree(root_pid: int) -> Set[int]:
+    """``root_pid`` and all its descendants (from ``/proc``)."""
     parents = {}
     for entry in os.listdir('/proc'):
         try:
@@ -84,8 +85,14 @@ def process_tree_mib(root_pid: int) -> float:
         children = [child for child, parent in parents.items() if parent == pid and child not in tree]
         tree.update(children)
         frontier.extend(children)
+    return tree
+
+
+def process_tree_mib(root_pid: int) -> float:
+    """The summed proportional set size (``Pss``; ``Rss`` where it is not given) of ``root_pid`` and all its
+    descendants, MiB (0 for processes that ended meanwhile)."""
     total_kb = 0
-    for pid in tree:
+    for pid in process_tree(root_pid):
         fields = {}
         try:
             with open(f'/proc/{pid}/smaps_rollup') as f:
@@ -112,7 +119,13 @@ def run_measured(command: List[str], env: Dict[str, str], interval_s: float = 1.
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    returncode = process.wait()
+    try:
+        returncode = process.wait()
+    except BaseException:  # interrupted (Ctrl-C, a timeout): end the tool and the processes it started
+        for pid in process_tree(process.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise
     sampler.join()
     return returncode, time.time() - start, peak[0]
 
