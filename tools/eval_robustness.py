@@ -19,7 +19,8 @@ with the input's truth: the headroom routing could add (``oracle_objects``:
 the truth counting only LiDAR points above the local ground); each routing's
 deltas are against its own clean run. ``--object-metrics`` adds, per
 corruption, the recall at 2 m of the objects it affected, the false positives
-per sample and the router's accuracy against the per-query routing targets
+per sample (and those within 2 m of a ghost: ``lidar_ghost``, ``mixed_lie``)
+and the router's accuracy against the per-query routing targets
 (``projects/mmdet3d_plugin/apis/object_metrics.py``; detections counted from
 ``--score-thr``), against the clean run, which then runs first
 (``projects/mmdet3d_plugin/apis/robustness_eval.py``).
@@ -52,7 +53,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='seed of the random corruptions (all but lidar_drop, camera_drop, view_drop, fov, beams)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
     parser.add_argument('--object-metrics', action='store_true', help='also the recall at 2 m of the objects each '
-                        'corruption affected, false positives per sample and the router\'s accuracy (needs clean)')
+                        'corruption affected, false positives per sample (all, and within 2 m of a ghost) and the '
+                        'router\'s accuracy (needs clean)')
     parser.add_argument('--score-thr', type=float, default=SCORE_THRESHOLD,
                         help=f'--object-metrics: lowest score a detection counts with (default {SCORE_THRESHOLD})')
     parser.add_argument('--min-lidar-points', type=int, default=MIN_LIDAR_POINTS, help='--object-metrics: points '

@@ -1,7 +1,7 @@
 """Train a CMT / CMT-AQR detector (mmdet3d-style command line; GPU or CPU).
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume-from CKPT | --auto-resume] [--autoscale-lr]
-                          [--cfg-options k=v ...]
+                          [--train-corruptions SPEC[=PROB] ...] [--cfg-options k=v ...]
     bash tools/dist_train.sh CONFIG NUM_PROCESSES [same options]
     bash tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [same options]
 
@@ -11,6 +11,8 @@ Checkpoints are written atomically (``AtomicCheckpointHook``), and a run
 resumed from the checkpoint of epoch ``N`` trains the following epochs
 exactly as the interrupted run did (same data order, augmentations and random
 numbers; see ``projects/mmdet3d_plugin/mmcv_custom/seeding.py``).
+``--train-corruptions`` adds sensor failures and lies to the training
+samples (``tools/cli/train_corruptions.py``, docs/robustness.md).
 """
 import argparse
 import copy
@@ -28,8 +30,10 @@ from mmdet3d.models import build_model
 from mmdet3d.utils import collect_env
 
 from projects.mmdet3d_plugin.apis.train import REFERENCE_GPUS, linear_scaled_lr, train_detector
+from projects.mmdet3d_plugin.datasets.corruption_config import describe_corruptions
 from projects.mmdet3d_plugin.mmcv_custom.launch import default_device, init_distributed, load_config, resolve_work_dir
 from tools.cli.launch import add_common_arguments
+from tools.cli.train_corruptions import add_train_corruption_arguments, apply_train_corruptions, train_corruption_mix
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -48,14 +52,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     group_gpus.add_argument('--gpus', type=int, help='(single process) number of GPUs; only 1 is supported')
     group_gpus.add_argument('--gpu-ids', type=int, nargs='+', help='(single process) ids of the GPUs to use')
     group_gpus.add_argument('--gpu-id', type=int, default=0, help='(single process) id of the GPU to use')
+    add_train_corruption_arguments(parser)
     add_common_arguments(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        train_corruption_mix(args.train_corruptions)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Train as the command line ``argv`` says (default: ``sys.argv[1:]``)."""
     args = parse_args(argv)
     cfg = load_config(args)
+    train_corruptions = apply_train_corruptions(cfg, args.train_corruptions)
     cfg.work_dir = resolve_work_dir(args, cfg)
     if args.resume_from is not None:
         cfg.resume_from = args.resume_from
@@ -73,6 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     env_info = '\n'.join(f'{k}: {v}' for k, v in collect_env().items())
     logger.info(f'Environment info:\n{env_info}')
     logger.info(f'Distributed training: {distributed}, device: {cfg.device}')
+    if train_corruptions:
+        logger.info(f'--train-corruptions: {describe_corruptions(train_corruptions)}')
     if args.autoscale_lr:
         base_lr, world_size = cfg.optimizer.lr, get_dist_info()[1]
         cfg.optimizer.lr = linear_scaled_lr(base_lr, world_size)

@@ -169,3 +169,21 @@ def test_an_object_is_seen_where_its_gravity_centre_projects():
     observation.gt_boxes[0, :3] = torch.tensor([2.0, 0.0, -3.0])
     observation.gt_boxes[0, 5] = 6.0
     assert visible_objects(observation, observation.lidar2img).tolist() == [True, True, False]
+
+
+def test_false_positives_near_ghosts_are_the_confident_unmatched_detections_within_2m_of_a_ghost():
+    """Ghosts at (5, 5) and (-5, -5). Detections: a true car on A (not counted, although a ghost is near it in
+    the second sample), a false car 1.5 m from the first ghost, a false car 3 m from it, a low-scoring one on it."""
+    clean = _observation([40, 40, 40])
+    corrupted = _observation([40, 40, 40], detections=[(10.0, 0.0, CAR, 0.9), (6.5, 5.0, CAR, 0.8),
+                                                       (5.0, 8.0, CAR, 0.7), (5.0, 5.0, CAR, 0.1)])
+    ghosts = [[5.0, 5.0, -1.5, 4.0, 2.0, 1.5, 0.0, 0.0, 0.0], [-5.0, -5.0, -1.5, 4.0, 2.0, 1.5, 0.0, 0.0, 0.0]]
+    corrupted.camera_meta['corruption'] = dict(name='lidar_ghost:2', mode='lidar_ghost', ghost_boxes=ghosts)
+    counts = sample_counts(clean, corrupted)
+    assert counts.false_positives == 2 and counts.ghost_false_positives == 1 and counts.ghosts == 2
+    beside_a = _observation([40, 40, 40], detections=[(10.0, 0.0, CAR, 0.9)], token='t1')
+    beside_a.camera_meta['corruption'] = dict(mode='lidar_ghost', ghost_boxes=[[9.0, 1.0, -1.5, 1, 1, 1, 0, 0, 0]])
+    metrics = object_metrics([clean, _observation([40, 40, 40], token='t1')], [corrupted, beside_a])
+    assert metrics.ghost_false_positives_per_sample == 0.5
+    assert metrics.counts['ghost_false_positives'] == 1
+    assert object_metrics([clean], [_observation([40, 40, 40])]).ghost_false_positives_per_sample is None

@@ -14,9 +14,12 @@ from projects.mmdet3d_plugin.datasets.box_geometry import bev_overlaps, box_corn
 from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corruptions, corrupt_config, insert_corruption
 from projects.mmdet3d_plugin.datasets.corruption_geometry import (camera_forward_yaw, lidar_misalignment,
                                                                   segments_through_boxes, yaw_token_shift)
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import (CORRUPTION_KEY, MISALIGNMENT_SHIFT_M,
-                                                                   VIEW_YAW_DEG, parse_corruption)
+from projects.mmdet3d_plugin.datasets.pipelines.corruption import (AUGMENTATION_META_KEYS, CORRUPTION_KEY,
+                                                                   MISALIGNMENT_SHIFT_M, VIEW_YAW_DEG,
+                                                                   parse_corruption)
 from projects.mmdet3d_plugin.datasets.pipelines.random_corruption import RandomSensorCorruption
+from projects.mmdet3d_plugin.models.aqr.routing_targets import count_points_in_boxes
+from projects.mmdet3d_plugin.models.aqr.sensor_lies import ghost_boxes
 from tools.cli.corruption import corruption_spec
 from tools.data_converter.synthetic.camera import CAMERA_MOUNTS, NUSCENES_IMAGE_SIZE
 
@@ -265,3 +268,26 @@ def test_the_lies_are_registered_for_test_and_training(cmt, database):
     without_database = Config({key: value for key, value in cfg.items() if key != 'db_sampler'})
     with pytest.raises(ValueError, match='no db_sampler'):
         corrupt_config(without_database, 'mixed_lie:120')
+
+
+def test_training_ghosts_reach_the_model_where_the_augmented_scene_has_their_points(cmt, database, synthetic_root,
+                                                                                     created_data):
+    """add_train_corruptions collects the record and the augmentation's keys, so the model finds each ghost's box
+    (moved by the random rotation, scaling, translation and flips) around its points."""
+    pipeline = cmt.train_pipeline(created_data['dbinfos'], image_drop_prob=0.0, points_drop_prob=0.0)
+    collect = next(step for step in pipeline if step['type'] == 'Collect3D')
+    collect['meta_keys'] = [key for key in collect['meta_keys'] if key not in AUGMENTATION_META_KEYS]
+    cfg = Config(dict(data=dict(train=dict(pipeline=pipeline)), db_sampler=database,
+                      point_cloud_range=list(cmt.cfg.point_cloud_range)))
+    assert CORRUPTION_KEY not in collect['meta_keys']
+    add_train_corruptions(cfg, [dict(spec='lidar_ghost:3', prob=1.0)])
+    dataset = cmt.build_dataset(synthetic_root, created_data['val'], cfg.data.train.pipeline, test_mode=False)
+    np.random.seed(1)
+    sample = dataset[0]
+    metas, points = sample['img_metas'].data, sample['points'].data
+    assert metas['transformation_3d_flow'][:3] == ['R', 'S', 'T']
+    recorded = torch.tensor(metas[CORRUPTION_KEY]['ghost_boxes'])[:, :7]
+    moved = ghost_boxes(metas, torch.device('cpu'))
+    assert len(moved) == len(recorded) > 0
+    assert (count_points_in_boxes(points, moved) > 0).all(), 'every ghost box holds its points'
+    assert count_points_in_boxes(points, recorded).sum() < count_points_in_boxes(points, moved).sum()

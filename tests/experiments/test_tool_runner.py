@@ -1,8 +1,10 @@
 """experiments/tool_runner.py: how many processes train, the command that starts them, and a tool that fails."""
+import sys
+
 import pytest
 
 from projects.mmdet3d_plugin.experiments import tool_runner
-from projects.mmdet3d_plugin.experiments.tool_runner import run_tool, train_command, training_processes
+from projects.mmdet3d_plugin.experiments.tool_runner import run_tool, start_tool, train_command, training_processes
 
 
 @pytest.mark.parametrize('requested, config_processes, cores, has_gpu, expected', [
@@ -45,3 +47,12 @@ def test_a_tool_runs_in_the_repository_root_with_the_environment_added_and_a_fai
     assert '  $ DEMO_X=1 tool.py 0' in capsys.readouterr().out
     with pytest.raises(SystemExit, match='`tool.py 3` exited with code 3'):
         run_tool(['tool.py', '3'], env=dict(DEMO_X='2'))
+
+
+def test_a_shell_tool_runs_under_bash_with_this_interpreter_as_python(tmp_path, monkeypatch):
+    monkeypatch.setattr(tool_runner, 'REPO_ROOT', str(tmp_path))
+    (tmp_path / 'tool.sh').write_text('set -e\n"$PYTHON" -c "import sys; open(\'ran\', \'w\').write(sys.executable)"\n'
+                                      'exit "$1"\n')
+    assert start_tool(['tool.sh', '0']).wait() == 0
+    assert (tmp_path / 'ran').read_text() == sys.executable
+    assert start_tool(['tool.sh', '4']).wait() == 4

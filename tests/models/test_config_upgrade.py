@@ -200,3 +200,13 @@ def test_load_config_upgrades_the_model(caplog):
     assert head.type == 'CmtHead' and 'enable_aqr' not in head and 'aqr_config' not in head
     assert head.routing.aqr_config.num_heads == 8 and 'encoder_config' not in head.routing.aqr_config
     assert 'config upgrade: model.pts_bbox_head.enable_aqr=True -> removed' in caplog.text
+
+
+def test_the_routing_target_keys_are_current_keys(caplog):
+    """``unmatched_loss_weight`` / ``lie_targets`` of the weight generator pass the upgrade untouched and build."""
+    aqr = dict(type='AQRWeightGenerator', embed_dims=32, num_heads=4, window_sizes=[3, 3], query_loss_weight=1.0,
+               unmatched_loss_weight=0.5, lie_targets=True)
+    upgraded, lines = _upgrade(dict(type='CmtHead', routing=dict(aqr_config=aqr)), caplog)
+    assert upgraded == dict(type='CmtHead', routing=dict(aqr_config=aqr)) and lines == []
+    generator = MODELS.build(upgraded['routing']['aqr_config'])
+    assert generator.unmatched_loss_weight == 0.5 and generator.lie_targets and generator.with_unmatched_targets

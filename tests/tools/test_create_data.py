@@ -1,4 +1,5 @@
 """tools/create_data.py nuscenes: info files in the mmdet3d / CMT format, the GT database and bad-input errors."""
+import json
 import os
 import os.path as osp
 import pickle
@@ -136,3 +137,26 @@ def test_gt_database_refuses_an_info_file_of_another_version(converted, tmp_path
     with pytest.raises(ValueError, match=r'nuscenes_infos_train\.pkl was made from nuScenes v1.0-mini'):
         create_groundtruth_database(osp.join(out_dir, 'nuscenes_infos_train.pkl'), str(tmp_path),
                                     expected_version='v1.0-trainval', verbose=False)
+
+
+def test_nuscenes_mini_preset_is_nuscenes_shaped_and_converts(tmp_path):
+    """``--preset nuscenes-mini`` (two of its scenes, two key frames each): 1600 x 900 images, about 34 000 LiDAR
+    points per revolution, 10 sweeps per sample in the infos, attributes and velocities, image patches in the GT
+    database."""
+    from tools.make_synthetic_nuscenes import main as make_synthetic_main
+    root = str(tmp_path)
+    make_synthetic_main(['--preset', 'nuscenes-mini', '--root', root, '--scenes', '2', '--samples', '2',
+                                  '--quiet'])
+    create_data_main(['nuscenes', '--root-path', root, '--version', 'v1.0-mini'])
+    infos = load(osp.join(root, 'nuscenes_infos_train.pkl'))['infos']
+    assert load(osp.join(root, 'nuscenes_infos_val.pkl'))['metadata']['version'] == 'v1.0-mini'
+    info = infos[0]
+    assert len(info['cams']) == 6 and len(info['sweeps']) == 9
+    assert cv2.imread(info['cams']['CAM_FRONT']['data_path']).shape == (900, 1600, 3)
+    for path in [info['lidar_path']] + [sweep['data_path'] for sweep in info['sweeps']]:
+        assert 30000 < len(np.fromfile(path, dtype=np.float32)) // 5 < 38000
+    assert np.nanmax(np.abs(info['gt_velocity'])) > 0.5
+    with open(osp.join(root, 'v1.0-mini', 'sample_annotation.json')) as f:
+        assert any(record['attribute_tokens'] for record in json.load(f))
+    db_infos = load(osp.join(root, 'nuscenes_dbinfos_train.pkl'))
+    assert any(record['image_patches'] for records in db_infos.values() for record in records)

@@ -12,6 +12,7 @@ parse the command line with these helpers and pass the values on.
 * :mod:`.corruption`: ``--corruption`` / ``--corruption-seed`` and the
   checked corruption specs (tools/test.py, tools/visualize_aqr.py,
   tools/eval_robustness.py);
+* :mod:`.train_corruptions`: ``--train-corruptions`` (tools/train.py);
 * :mod:`.tiled_bias_launch`: ``--tiled-bias-launch`` (tools/benchmark_attention.py,
   tools/benchmark_model.py);
 * :mod:`.attention_dtype`: ``--attention-dtype`` (tools/benchmark_model.py, tools/check_gpu.py).

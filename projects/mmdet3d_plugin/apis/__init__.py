@@ -13,7 +13,8 @@ study drivers to ``experiments/``; command-line parsing stays in ``tools/``.
   ``object_metrics``, ``sample_recorder``, ``attention_mass`` and
   ``sample_subset``;
 * routing pictures: ``routing_pictures`` and ``decoder_capture``
-  (tools/visualize_aqr.py).
+  (tools/visualize_aqr.py);
+* heading and velocity errors per class: ``box_errors`` (tools/analyze_box_errors.py).
 
 Imports ``mmcv_custom``, ``models``, ``datasets``, ``core``, ``attention`` and
 ``utils``, never ``diagnostics`` or ``experiments``. Not imported by the

@@ -9,8 +9,8 @@ input (:class:`SampleObservation` of both, recorded by :mod:`.sample_recorder`):
   whose centre only failed or dropped camera views see;
 * **recall of the affected objects at 2 m**: the fraction with a detection of
   their class scoring ``>= score_threshold`` within ``max_distance`` (BEV);
-* **false positives per sample**: detections scoring ``>= score_threshold``
-  with no ground-truth object of their class within ``max_distance``;
+* **false positives per sample**: detections scoring ``>= score_threshold`` with no ground-truth
+  object of their class within ``max_distance``; and those within ``max_distance`` of a ghost's centre;
 * **router accuracy**: per object, the query of its best-scoring prediction of
   its class within ``max_distance``; its LiDAR and camera weights against the
   object's routing targets (``models/aqr/routing_targets.py``): the fraction
@@ -83,6 +83,12 @@ class SampleObservation:
         return self.lidar_weights is not None
 
 
+def centres_within(centres: Tensor, others: Tensor, max_distance: float = MAX_DISTANCE_M) -> Tensor:
+    """Which of ``centres`` ``[n, >=2]`` lie within ``max_distance`` (BEV) of which of ``others`` ``[m, >=2]``:
+    ``[n, m]`` bool."""
+    return torch.cdist(centres[:, :2].double(), others[:, :2].double()) <= max_distance
+
+
 def same_class_within(gt_centres: Tensor, gt_labels: Tensor, centres: Tensor, labels: Tensor,
                       max_distance: float = MAX_DISTANCE_M) -> Tensor:
     """Which predictions lie within ``max_distance`` (BEV) of which ground-truth object of their class.
@@ -100,8 +106,7 @@ def same_class_within(gt_centres: Tensor, gt_labels: Tensor, centres: Tensor, la
     if gt_centres.shape[:1] != gt_labels.shape or centres.shape[:1] != labels.shape:
         raise ValueError(f'{tuple(gt_centres.shape)} centres for {tuple(gt_labels.shape)} labels, or '
                          f'{tuple(centres.shape)} for {tuple(labels.shape)}')
-    distance = torch.cdist(gt_centres[:, :2].double(), centres[:, :2].double())
-    return (distance <= max_distance) & (gt_labels[:, None] == labels[None, :])
+    return centres_within(gt_centres, centres, max_distance) & (gt_labels[:, None] == labels[None, :])
 
 
 def detection_outcomes(gt_centres: Tensor, gt_labels: Tensor, det_centres: Tensor, det_labels: Tensor,
@@ -211,6 +216,8 @@ class ObjectCounts:
     lidar_affected_found: int = 0
     camera_affected_found: int = 0
     false_positives: int = 0
+    ghosts: int = 0
+    ghost_false_positives: int = 0
     routed_objects: int = 0
     lidar_hits: int = 0
     camera_hits: int = 0
@@ -233,6 +240,8 @@ class ObjectMetrics:
         lidar_affected_recall (float, optional): of the objects that lost their LiDAR points.
         camera_affected_recall (float, optional): of the objects only dead views see.
         false_positives_per_sample (float, optional).
+        ghost_false_positives_per_sample (float, optional): the false positives within ``max_distance`` of a
+            ghost's centre, per sample (None when no sample had a ghost).
         router_accuracy (float, optional): both weights of the routed objects' queries on the targets' side.
         router_lidar_accuracy (float, optional).
         router_camera_accuracy (float, optional).
@@ -253,6 +262,7 @@ class ObjectMetrics:
     router_camera_accuracy: Optional[float]
     dead_camera_attention: Optional[float] = None
     dead_lidar_attention: Optional[float] = None
+    ghost_false_positives_per_sample: Optional[float] = None
     counts: Dict[str, float] = field(default_factory=dict)
     options: Dict[str, float] = field(default_factory=dict)
 
@@ -289,11 +299,14 @@ def sample_counts(clean: SampleObservation, corrupted: SampleObservation, score_
                                                corrupted.det_labels, corrupted.det_scores, score_threshold,
                                                max_distance)
     affected = lidar | camera
+    ghosts = ghost_centres(corrupted.camera_meta)
+    near_ghost = centres_within(corrupted.det_centres, ghosts, max_distance).any(dim=1)
     counts = ObjectCounts(samples=1, lidar_affected=int(lidar.sum()), camera_affected=int(camera.sum()),
                           affected=int(affected.sum()), affected_found=int((found & affected).sum()),
                           lidar_affected_found=int((found & lidar).sum()),
                           camera_affected_found=int((found & camera).sum()),
-                          false_positives=int(false_positive.sum()))
+                          false_positives=int(false_positive.sum()), ghosts=len(ghosts),
+                          ghost_false_positives=int((false_positive & near_ghost).sum()))
     if corrupted.has_routing:
         query = routed_queries(gt_centres, corrupted.gt_labels, corrupted.query_centres, corrupted.query_scores,
                                max_distance)
@@ -343,8 +356,16 @@ def object_metrics(clean: Sequence[SampleObservation], corrupted: Sequence[Sampl
         router_camera_accuracy=_ratio(total.camera_hits, routed),
         dead_camera_attention=_ratio(total.dead_camera_mass, total.dead_camera_objects),
         dead_lidar_attention=_ratio(total.dead_lidar_mass, total.dead_lidar_objects),
+        ghost_false_positives_per_sample=_ratio(total.ghost_false_positives, total.samples) if total.ghosts else None,
         counts=vars(total), options=dict(score_threshold=score_threshold, max_distance=max_distance,
                                          min_lidar_points=min_lidar_points))
+
+
+def ghost_centres(camera_meta: Mapping) -> Tensor:
+    """``[G, 2]`` float64 BEV centres of the ghosts the corruption record of a test sample holds (``G = 0`` without;
+    a test pipeline does not move the scene, so the record's frame is the detections')."""
+    boxes = (camera_meta.get(CORRUPTION_KEY) or {}).get('ghost_boxes') or []
+    return torch.tensor([list(box)[:2] for box in boxes], dtype=torch.float64).reshape(-1, 2)
 
 
 def camera_meta_of(img_meta: Mapping) -> dict:

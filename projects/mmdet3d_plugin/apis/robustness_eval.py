@@ -51,7 +51,7 @@ DEFAULT_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'view_drop:0', 'fov:1
 SCORES = ('mAP', 'NDS')
 #: ``--object-metrics`` columns of the Markdown table: title -> ``ObjectMetrics`` field.
 OBJECT_COLUMNS = {'affected recall': 'affected_recall', 'FP / sample': 'false_positives_per_sample',
-                  'router accuracy': 'router_accuracy'}
+                  'FP near ghosts / sample': 'ghost_false_positives_per_sample', 'router accuracy': 'router_accuracy'}
 #: Longest error message shown in the Markdown table (the JSON has it all).
 TABLE_ERROR_CHARS = 160
 
@@ -72,7 +72,7 @@ class CorruptionResult:
         routing (str): the AQR routing at test time (``learned``, ``oracle`` or ``oracle_objects``).
         objects (dict, optional): ``--object-metrics``: the fields of
             ``object_metrics.ObjectMetrics`` (affected-object recall, false
-            positives per sample, router accuracy, their counts).
+            positives per sample and those near ghosts, router accuracy, their counts).
     """
 
     corruption: str

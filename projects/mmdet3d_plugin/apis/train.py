@@ -1,6 +1,6 @@
 """``train_detector``: the training entry point (``tools/train.py``), beside the test one (:mod:`.test`).
 
-mmdet's epoch-based training loop, on GPU or CPU, single-process or
+mmdet's training loop (epoch- or iteration-based, :func:`seed_sync_on`), on GPU or CPU, single-process or
 distributed: the steps of mmdet 2.x's ``train_detector`` (data loaders,
 model wrapper, optimizer, runner, hooks, evaluation, resume), except that
 
@@ -24,7 +24,10 @@ model wrapper, optimizer, runner, hooks, evaluation, resume), except that
 
 :func:`linear_scaled_lr` is ``--autoscale-lr``'s rule.
 """
-from typing import Optional, Sequence
+import contextlib
+import functools
+from typing import Iterator, Optional, Sequence
+from unittest import mock
 
 from mmcv import Config
 from mmcv.runner import DistSamplerSeedHook, EpochBasedRunner, build_runner
@@ -41,6 +44,16 @@ from ..mmcv_custom.seeding import EpochSeedHook
 
 #: The number of GPUs (processes) the configs' learning rates are set for, as in mmdet3d.
 REFERENCE_GPUS = 8
+
+
+@contextlib.contextmanager
+def seed_sync_on(device: str) -> Iterator[None]:
+    """While open, mmdet's ``InfiniteGroupBatchSampler`` (the sampler of ``IterBasedRunner``) broadcasts its seed
+    through a tensor on ``device``: mmdet puts it on CUDA, which a CPU (gloo) process group cannot use."""
+    from mmdet.core.utils import sync_random_seed
+    from mmdet.datasets.samplers import infinite_sampler
+    with mock.patch.object(infinite_sampler, 'sync_random_seed', functools.partial(sync_random_seed, device=device)):
+        yield
 
 
 def linear_scaled_lr(lr: float, num_gpus: int, reference_gpus: int = REFERENCE_GPUS) -> float:
@@ -78,7 +91,8 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
     loader_args = dict(samples_per_gpu=2, workers_per_gpu=2, dist=True, seed=cfg.seed, runner_type=runner_type,
                        persistent_workers=False)
     loader_args.update(cfg.data.train_dataloader)
-    data_loaders = [build_dataloader(dataset, **loader_args) for dataset in datasets]
+    with seed_sync_on(cfg.device):
+        data_loaders = [build_dataloader(dataset, **loader_args) for dataset in datasets]
 
     freeze_before_wrapping(model, cfg.get('custom_hooks', None))
     if hasattr(model, 'keep_log_vars_on_device'):

@@ -40,7 +40,7 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
 
     Raises:
         ValueError: for an unknown ``type``, a key given both flat and in its
-            group, ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True``
+            group with different values, ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True``
             without ``aqr_config``, a legacy name whose tokens contradict
             ``passes['modalities']``, and the design notes' renamed keys
             (:class:`.legacy_keys.LegacyKeyError`, naming the key to use).
@@ -58,9 +58,11 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
             continue
         grouped = dict(cfg.get(group) or {})
         for key in flat:
-            if key in grouped:
-                raise ValueError(f'{where}: {key} is given both flat and in {group}; give it once')
-            grouped[key] = cfg.pop(key)
+            value = cfg.pop(key)
+            if key in grouped and grouped[key] != value:  # equal: --cfg-options re-applied to a dumped config
+                raise ValueError(f'{where}: {key} is given both flat and in {group} with different values '
+                                 f'({value!r} and {grouped[key]!r}); give it once')
+            grouped[key] = value
         cfg[group] = grouped
         old = flat[0] if len(flat) == 1 else f'{{{", ".join(flat)}}}'
         log_rewrite(f'{where}.{old}', f'{where}.{group}.*')

@@ -18,7 +18,8 @@ from mmdet.datasets.builder import PIPELINES as MMDET_PIPELINES
 from mmdet3d.datasets.builder import PIPELINES as MMDET3D_PIPELINES
 from mmdet3d.datasets.pipelines import Compose
 
-from .pipelines.corruption import CORRUPTION_KEY, GHOST_MODES, corruption_mode, parse_corruption
+from .pipelines.corruption import (AUGMENTATION_META_KEYS, CORRUPTION_KEY, GHOST_MODES, corruption_mode,
+                                  parse_corruption)
 
 #: The loading step each corrupted input needs.
 REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}
@@ -52,14 +53,16 @@ def sweep_time_column(sweep_loader: Dict) -> int:
     return use_dim.index(time_dim)
 
 
-def _with_corruption_meta_key(step: Dict) -> Dict:
-    """``step`` with ``'corruption'`` in the meta keys of every ``Collect3D`` in it (nested ``transforms`` too)."""
+def _with_corruption_meta_key(step: Dict, keys: Sequence[str] = (CORRUPTION_KEY, )) -> Dict:
+    """``step`` with ``keys`` (default ``'corruption'``) in the meta keys of every ``Collect3D`` in it (nested
+    ``transforms`` too), changed in place."""
     if step.get('type') == 'Collect3D':
         meta_keys = tuple(step.get('meta_keys', _default_argument('Collect3D', 'meta_keys')))
-        if CORRUPTION_KEY not in meta_keys:
-            step['meta_keys'] = meta_keys + (CORRUPTION_KEY,)
+        missing = tuple(key for key in keys if key not in meta_keys)
+        if missing:
+            step['meta_keys'] = meta_keys + missing
     if 'transforms' in step:
-        step['transforms'] = [_with_corruption_meta_key(inner) for inner in step['transforms']]
+        step['transforms'] = [_with_corruption_meta_key(inner, keys) for inner in step['transforms']]
     return step
 
 
@@ -185,7 +188,10 @@ def add_train_corruptions(cfg: Config, corruptions: Sequence[Dict]) -> None:
     patches are corrupted with the rest, so the recorded dead views hold no
     object, and ghosts avoid the pasted boxes), and before the 3D augmentation;
     with sweeps loaded, the corruptions get their time column; ghosts come from
-    ``cfg.db_sampler``'s database (:func:`ghost_options`).
+    ``cfg.db_sampler``'s database (:func:`ghost_options`). Every ``Collect3D``
+    of the pipeline gets ``'corruption'`` in its meta keys (the record the
+    routing targets read) and, with ghosts, ``AUGMENTATION_META_KEYS`` (which
+    move the recorded ghost boxes as the augmentation moved their points).
 
     Args:
         cfg (Config): changed in place.
@@ -206,3 +212,6 @@ def add_train_corruptions(cfg: Config, corruptions: Sequence[Dict]) -> None:
         if SWEEP_LOADER in types:
             step['sweep_time_column'] = sweep_time_column(pipeline[types.index(SWEEP_LOADER)])
         pipeline.insert(types.index('ModalMask3D'), step)
+        meta_keys = (CORRUPTION_KEY, *(AUGMENTATION_META_KEYS if set(modes) & set(GHOST_MODES) else ()))
+        for pipeline_step in pipeline:
+            _with_corruption_meta_key(pipeline_step, meta_keys)

@@ -1,8 +1,10 @@
-"""The one way the demo and the robustness study run a ``tools/*.py`` script.
+"""The one way the demo, the robustness study and the published-config check run a ``tools/`` script.
 
-A tool runs as a process of this interpreter in the repository root, its
-command echoed first (``$ tools/x.py ...``); a tool that fails stops the
-caller (``SystemExit`` naming the command). ``tools/train.py`` runs in one
+A ``tools/*.py`` tool runs as a process of this interpreter in the repository
+root, a ``tools/*.sh`` script under bash with ``PYTHON`` set to this
+interpreter, its command echoed first (``$ tools/x.py ...``); with
+:func:`run_tool` a tool that fails stops the caller (``SystemExit`` naming the
+command), :func:`start_tool` leaves its process to the caller. ``tools/train.py`` runs in one
 process or, data-parallel, in several under ``torch.distributed.run`` with
 the cores split between them (:func:`train_command`). The library never
 imports ``tools/``: it names the scripts by their repository paths.
@@ -16,14 +18,21 @@ from ..utils.local_resources import free_port, usable_cores
 from ..utils.repo_paths import REPO_ROOT
 
 
-def run_tool(command: List[str], env: Optional[Dict[str, str]] = None) -> None:
-    """Run a tool of this repository with the same interpreter (and ``env`` added to the environment); stop the
-    demo naming the step if it fails."""
+def start_tool(command: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Start a tool of this repository (``env`` added to the environment) and return its process: a ``.sh``
+    script under bash with ``PYTHON`` set to this interpreter, anything else with this interpreter."""
     assignments = [f'{name}={value}' for name, value in (env or {}).items()]
     print('  $ ' + ' '.join(assignments + command), flush=True)
-    result = subprocess.run([sys.executable] + command, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})))
-    if result.returncode != 0:
-        raise SystemExit(f'demo stopped: `{" ".join(command)}` exited with code {result.returncode}')
+    interpreter = ['bash'] if command[0].endswith('.sh') else [sys.executable]
+    return subprocess.Popen(interpreter + command, cwd=REPO_ROOT,
+                            env=dict(os.environ, PYTHON=sys.executable, **(env or {})))
+
+
+def run_tool(command: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    """Run a tool of this repository (:func:`start_tool`) to its end; stop the demo naming the step if it fails."""
+    returncode = start_tool(command, env).wait()
+    if returncode != 0:
+        raise SystemExit(f'demo stopped: `{" ".join(command)}` exited with code {returncode}')
 
 
 def training_processes(requested: Optional[int], config_processes: int, cores: int, has_gpu: bool) -> int:

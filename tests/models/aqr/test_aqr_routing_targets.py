@@ -8,9 +8,9 @@ from mmdet.models.builder import build_head
 
 import projects.mmdet3d_plugin  # noqa: F401
 from projects.mmdet3d_plugin.models.aqr.routing_targets import (camera_visible_objects, count_points_in_boxes,
-                                                                  lidar_occupancy, live_camera_views,
+                                                                  lidar_occupancy, lidar_untrusted, live_camera_views,
                                                                   matched_object_targets, oracle_routing_weights,
-                                                                  query_target_loss)
+                                                                  query_target_loss, unmatched_query_targets)
 from projects.mmdet3d_plugin.models.utils.camera_geometry import stack_lidar2img
 
 def test_point_counts_equal_mmcv_points_in_boxes():
@@ -116,3 +116,33 @@ def test_oracle_weights_follow_points_in_the_window_and_live_views():
     lidar, camera = oracle_routing_weights(info, occupancy, torch.tensor([[True, False]]), lidar_window=3)
     assert lidar.tolist() == [[1.0, 0.0, 0.0]], 'only the first query has the occupied cell in its 3 x 3 window'
     assert camera.tolist() == [[1.0, 0.0, 0.0]], 'view 1 is dead, the third query is seen by no camera'
+
+
+def test_a_yawed_view_is_dead_only_when_lies_count(cmt_test_data):
+    meta = dict(cmt_test_data['make_img_metas'](1)[0], corruption=dict(mode='view_yaw', yawed_views=[0]))
+    cpu = torch.device('cpu')
+    assert live_camera_views(meta, 2, cpu).tolist() == [True, True]
+    assert live_camera_views(meta, 2, cpu, lies=True).tolist() == [False, True]
+    centres = torch.tensor([[10.0, 0.0, 0.0], [-10.0, 0.0, 0.0]])
+    lidar2img = stack_lidar2img([meta])[0]
+    assert camera_visible_objects(centres, lidar2img, meta).tolist() == [True, True]
+    assert camera_visible_objects(centres, lidar2img, meta, lies=True).tolist() == [False, True]
+
+
+def test_lidar_is_untrusted_where_dropped_misaligned_or_near_a_ghost():
+    """A ghost at (6, 2) of 4 m x 2 m: a reference point 1.5 m beside it is near it, one at (-6, 0) is not."""
+    queries = torch.tensor([[6.0, 4.5, 0.0], [-6.0, 0.0, 0.0]])
+    ghosts = dict(corruption=dict(mode='lidar_ghost', ghost_boxes=[[6.0, 2.0, -1.5, 4.0, 2.0, 1.5, 0.0, 0.0, 0.0]]))
+    assert lidar_untrusted(queries, ghosts, lies=True).tolist() == [True, False]
+    assert lidar_untrusted(queries, ghosts, lies=False).tolist() == [False, False], 'a ghost lies only with lies'
+    misaligned = dict(corruption=dict(mode='lidar_misalign', misaligned=True))
+    assert lidar_untrusted(queries, misaligned, lies=True).tolist() == [True, True]
+    assert lidar_untrusted(queries, misaligned, lies=False).tolist() == [False, False]
+    for dropped in (dict(dropped_modalities=['points']), dict(corruption=dict(mode='lidar_drop'))):
+        assert lidar_untrusted(queries, dropped, lies=False).tolist() == [True, True]
+
+
+def test_unmatched_targets_are_the_oracle_without_untrusted_lidar():
+    lidar, camera = torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.0, 1.0, 1.0]])
+    targets = unmatched_query_targets(lidar, camera, torch.tensor([[False, True, False]]))
+    assert targets.tolist() == [[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]]

@@ -6,8 +6,11 @@ from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from mmdet3d.models import build_model
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.models.aqr.routing_targets import camera_visible_objects, matched_object_targets
+from projects.mmdet3d_plugin.models.aqr.routing_targets import (camera_visible_objects, matched_object_targets,
+                                                                  query_target_loss)
+from projects.mmdet3d_plugin.models.aqr.sensor_lies import near_boxes
 from projects.mmdet3d_plugin.models.utils.camera_geometry import stack_lidar2img
+from projects.mmdet3d_plugin.models.utils.positional_encoding import denormalize_points
 from test_cmt_head import features, head_cfg
 
 AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3], query_loss_weight=1.0, min_lidar_points=3),
@@ -141,3 +144,110 @@ def test_detector_puts_points_in_the_metas_for_the_oracle(cmt_test_data):
         results = model.forward(return_loss=False, img_metas=[data['img_metas']], points=[data['points']],
                                 img=[data['img']])
     assert len(results) == 1 and 'lidar_points' not in data['img_metas'][0], 'the caller\'s metas unchanged'
+
+
+#: A ghost (a 1 m x 1 m box, placed at a query's reference point in the test) and the back camera's calibration
+#: yawed: the record of a mixed_lie.
+GHOST = [0.0, 0.0, -1.5, 1.0, 1.0, 1.5, 0.0, 0.0, 0.0]
+LIES = dict(mode='mixed_lie', ghost_boxes=[GHOST], yawed_views=[1])
+
+
+def _lying_sample(cmt_test_data, ghost=GHOST):
+    """The constructed sample's objects, points everywhere (every LiDAR window occupied), the lies of ``LIES``."""
+    boxes, labels, meta, num_points = _constructed_sample(cmt_test_data)
+    grid = torch.stack(torch.meshgrid(torch.arange(-11.5, 12.0), torch.arange(-11.5, 12.0), indexing='xy'), -1)
+    points = torch.cat([grid.reshape(-1, 2), torch.zeros(grid.numel() // 2, 1)], 1)
+    return boxes, labels, dict(meta, corruption=dict(LIES, ghost_boxes=[ghost]), lidar_points=points), num_points
+
+
+def test_unmatched_queries_get_the_input_truth_at_their_reference_point(cmt_test_data):
+    """Near the ghost LiDAR 0, in the yawed view camera 0, elsewhere the oracle; the loss covers the unmatched."""
+    head = _head(unmatched_loss_weight=0.5, lie_targets=True)
+    assert head.needs_points_in_train_metas and not _head().needs_points_in_train_metas
+    reference_xyz = denormalize_points(head.reference_points.weight.detach(), head.router.pc_range)
+    ghost_box = [*reference_xyz[0, :2].tolist(), *GHOST[2:]]
+    boxes, labels, meta, num_points = _lying_sample(cmt_test_data, ghost_box)
+    bev, img = features(bs=1)
+    preds = head.train()([bev], [img], [meta], [boxes], [labels])
+    targets, info = preds.routing.unmatched_targets[0], preds.routing.projection_info
+    ghost = near_boxes(reference_xyz, torch.tensor([ghost_box]))
+    assert 0 < ghost.sum() < len(ghost), 'the check needs queries near the ghost and away from it'
+    assert (targets[ghost, 0] == 0).all() and (targets[~ghost, 0] == 1).all()
+    view = info['pts_pers_idx'][0, :, 0]
+    front, back = info['visible'][0] & (view == 0), info['visible'][0] & (view == 1)
+    assert front.any() and back.any()
+    assert (targets[front, 1] == 1).all() and (targets[back | ~info['visible'][0], 1] == 0).all()
+    losses = head.loss([boxes], [labels], preds, gt_num_points=[num_points])
+    matched = []
+    head.detection_loss([boxes], [labels], preds, matched_objects=matched)
+    is_matched = torch.zeros(len(targets), dtype=torch.bool)
+    for task in matched[0]:
+        is_matched |= task >= 0
+    expected = query_target_loss(preds.routing.lidar_weights, preds.routing.camera_weights, targets[None],
+                                 ~is_matched[None])
+    assert losses['loss_aqr_unmatched'].item() == pytest.approx(0.5 * expected.item(), rel=1e-6)
+    assert 0.0 <= losses['aqr_unmatched_accuracy'].item() <= 1.0
+    without_points = {key: value for key, value in meta.items() if key != 'lidar_points'}
+    with pytest.raises(KeyError, match='lidar_points'):
+        head.train()([bev], [img], [without_points], [boxes], [labels])
+
+
+def test_without_lies_the_yawed_view_and_the_ghost_tell_the_truth(cmt_test_data):
+    head = _head(unmatched_loss_weight=1.0)
+    boxes, labels, meta, _ = _lying_sample(cmt_test_data)
+    bev, img = features(bs=1)
+    preds = head.train()([bev], [img], [meta], [boxes], [labels])
+    targets, info = preds.routing.unmatched_targets[0], preds.routing.projection_info
+    assert (targets[:, 0] == 1).all(), 'points everywhere, no lie counted'
+    assert torch.equal(targets[:, 1], info['visible'][0].float())
+
+
+def test_lies_turn_the_matched_targets_too(cmt_test_data):
+    """The object at -x is seen only by the yawed back view: camera 0 with lie_targets; a misaligned frame: LiDAR 0."""
+    boxes, labels, meta, num_points = _lying_sample(cmt_test_data)
+    meta = dict(meta, corruption=dict(LIES, views=[]))
+    bev, img = features(bs=1)
+    for lies, expected in ((False, {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (1.0, 1.0)}),
+                           (True, {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (1.0, 0.0)})):
+        head = _head(lie_targets=lies)
+        preds = head.train()([bev], [img], [meta], [boxes], [labels])
+        _check_matched_targets(head, preds, boxes, labels, meta, num_points, expected)
+    misaligned = dict(meta, corruption=dict(mode='lidar_misalign', misaligned=True))
+    head = _head(lie_targets=True)
+    preds = head.train()([bev], [img], [misaligned], [boxes], [labels])
+    _check_matched_targets(head, preds, boxes, labels, misaligned, num_points,
+                           {0: (0.0, 1.0), 1: (0.0, 1.0), 2: (0.0, 1.0)})
+
+
+def _check_matched_targets(head, preds, boxes, labels, meta, num_points, expected):
+    """The matched queries' targets in the loss are ``expected[object]``: a loss of exactly these targets."""
+    matched = []
+    head.detection_loss([boxes], [labels], preds, matched_objects=matched)
+    routing = preds.routing
+    targets = torch.zeros(routing.lidar_weights.shape[1], 2)
+    is_matched = torch.zeros(len(targets), dtype=torch.bool)
+    for task in matched[0]:
+        for query in (task >= 0).nonzero()[:, 0].tolist():
+            targets[query] = torch.tensor(expected[int(task[query])])
+            is_matched[query] = True
+    losses = head.aqr_weight_generator.query_loss(routing.lidar_weights, routing.camera_weights, matched,
+                                                  [boxes.gravity_center], [num_points], [meta], routing.geometry)
+    reference = query_target_loss(routing.lidar_weights, routing.camera_weights, targets[None], is_matched[None])
+    assert losses['loss_aqr_query'].item() == pytest.approx(reference.item(), rel=1e-6)
+
+
+def test_the_lie_options_need_the_query_loss():
+    for option in (dict(unmatched_loss_weight=1.0), dict(lie_targets=True)):
+        with pytest.raises(ValueError, match='need query_loss_weight > 0'):
+            _head(query_loss_weight=0.0, **option)
+    with pytest.raises(ValueError, match='unmatched_loss_weight must be >= 0'):
+        _head(unmatched_loss_weight=-1.0)
+
+
+def test_detector_puts_points_in_the_train_metas_for_the_unmatched_targets(cmt_test_data):
+    cfg = cmt_test_data['reduced_config']('cmt_aqr_voxel0100_r50_800x320_cbgs')
+    cfg.model.pts_bbox_head.aqr_config.update(query_loss_weight=1.0, unmatched_loss_weight=1.0)
+    model = build_model(cfg.model)
+    model.init_weights()
+    outputs = cmt_test_data['train_step'](model, cmt_test_data['random_batch']((3, 2)))
+    assert {'loss_aqr_unmatched', 'aqr_unmatched_accuracy'} <= set(outputs['log_vars'])

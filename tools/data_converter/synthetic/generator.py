@@ -98,6 +98,17 @@ class SyntheticConfig:
     object_range: float = 48.0
 
 
+#: Generator settings by preset name (``tools/make_synthetic_nuscenes.py --preset``): ``nuscenes-mini`` is shaped
+#: like the nuScenes v1.0-mini split as the published configs read it: the 10 official mini scene names (the tool
+#: makes 2 of them validation scenes), 1600 x 900 images, a 32-beam LiDAR at 1440 rays per ring (about 34 000 points per revolution, the
+#: HDL-32E's density in nuScenes) and 9 sweeps before each key frame (10 per sample), at 10 key frames per scene.
+PRESETS: Dict[str, Dict[str, object]] = {
+    'nuscenes-mini': dict(version='v1.0-mini', num_scenes=10, samples_per_scene=10,
+                          sweeps_per_sample=9, image_size=(1600, 900), objects_per_scene=24, lidar_beams=32,
+                          lidar_azimuths=1440, object_range=48.0),
+}
+
+
 def split_scene_names(version: str, num_scenes: int, num_val_scenes: int) -> List[Tuple[str, str]]:
     """Official nuScenes scene names for the synthetic scenes, with their split.
 

@@ -41,6 +41,10 @@ from .lidar_ghosts import GhostPlacer
 
 #: results / img_metas key describing the applied corruption (add it to Collect3D's meta_keys).
 CORRUPTION_KEY = 'corruption'
+#: The img_metas keys of the training pipeline's 3D augmentation, with which a model moves the recorded ghost boxes
+#: (recorded where they were placed) to where their points are (``models/aqr/sensor_lies.py``).
+AUGMENTATION_META_KEYS = ('transformation_3d_flow', 'pcd_rotation', 'pcd_scale_factor', 'pcd_trans',
+                          'pcd_horizontal_flip', 'pcd_vertical_flip')
 #: Beams and elevation limits (degrees) of the nuScenes LiDAR, a Velodyne HDL-32E (uniformly spaced beams).
 HDL32E_BEAMS = 32
 HDL32E_ELEVATION_RANGE_DEG = (-30.67, 10.67)

@@ -1,9 +1,7 @@
 """Per-query routing targets: which sensor still sees the object a query is matched to.
 
-MoME supervises its router with one label per *sample* (which modality
-``ModalMask3D`` dropped, :mod:`.aux_loss`); that can learn "which sensor is
-dead", never "which sensor sees *this* object". Here every ground-truth object
-gets two truths, computed from the (possibly corrupted) input itself:
+MoME's one label per *sample* (:mod:`.aux_loss`) can learn "which sensor is dead", never
+"which sensor sees *this* object". Here every ground-truth object gets two truths, from the input itself:
 
 * LiDAR: the object's box still holds at least ``min_points`` points;
 * camera: the object's centre projects into a live camera view (in front of
@@ -11,15 +9,18 @@ gets two truths, computed from the (possibly corrupted) input itself:
 
 A query matched to an object by the detection loss's Hungarian assignment
 takes that object's truths as targets of its ``lidar`` / ``camera`` weights
-(binary cross-entropy); unmatched queries get no target.
+(binary cross-entropy). Opt-in (``AQRWeightGenerator``): an unmatched query,
+where false positives are born, takes the input's truth at its reference
+point (:func:`unmatched_query_targets`), and the truths know where a sensor
+lies (``lie_targets``, :mod:`.sensor_lies`): a yawed view is no live view, a
+misaligned point cloud and a ghost near the query no LiDAR truth.
 
 The *oracle* routing (:func:`oracle_routing_weights`) gives every query, at
 test time, the weights the corrupted input's truth implies: LiDAR 1 where its
 BEV window holds points (``oracle_objects``: points standing at least
 ``OBJECT_MIN_HEIGHT`` above the local ground, so that the ground around a
 dropped object does not count), camera 1 where a live view sees its reference point.
-Everything here is a pure function of tensors and metas, so it is testable
-without a model.
+Pure functions of tensors and metas, testable without a model.
 """
 from typing import Mapping, Optional, Sequence
 
@@ -31,8 +32,9 @@ from ...attention.bias.window_cells import window_offsets, window_token_index
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
 from ...utils.host_data import host_to_device
 from ..utils.camera_geometry import pad_shape_hw, project_to_views
-from .aux_loss import DROPPED_MODALITIES_KEY
+from .aux_loss import DROPPED_MODALITIES_KEY, dropped_modalities
 from .projection import bev_cells
+from .sensor_lies import ghost_boxes, lidar_misaligned, near_boxes, yawed_views
 
 #: boxes per block in :func:`count_points_in_boxes` (bounds its ``[points, block]`` temporaries).
 BOX_BLOCK = 16
@@ -71,12 +73,13 @@ def count_points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
     return torch.cat(counts) if counts else boxes.new_zeros(0, dtype=torch.long)
 
 
-def live_camera_views(img_meta: Mapping, num_views: int, device: torch.device) -> Tensor:
+def live_camera_views(img_meta: Mapping, num_views: int, device: torch.device, lies: bool = False) -> Tensor:
     """Which camera views of a sample show the scene.
 
     A view is dead when ``ModalMask3D`` dropped the images
     (``'image'`` in ``img_meta['dropped_modalities']``) or when
-    ``SensorCorruption`` blacked it out (``img_meta['corruption']['views']``).
+    ``SensorCorruption`` blacked it out (``img_meta['corruption']['views']``);
+    with ``lies``, also when its calibration was yawed (``yawed_views``).
 
     Returns:
         Tensor: ``[num_views]`` bool.
@@ -84,14 +87,15 @@ def live_camera_views(img_meta: Mapping, num_views: int, device: torch.device) -
     live = [True] * num_views
     if 'image' in img_meta.get(DROPPED_MODALITIES_KEY, ()):
         live = [False] * num_views
-    for view in (img_meta.get(CORRUPTION_KEY) or {}).get('views', ()):
+    lying = yawed_views(img_meta) if lies else ()
+    for view in (*(img_meta.get(CORRUPTION_KEY) or {}).get('views', ()), *lying):
         if not 0 <= view < num_views:
             raise ValueError(f"img_meta['{CORRUPTION_KEY}']['views'] names view {view}, the sample has {num_views}")
         live[view] = False
     return host_to_device(live, device, torch.bool)
 
 
-def camera_visible_objects(centres: Tensor, lidar2img: Tensor, img_meta: Mapping) -> Tensor:
+def camera_visible_objects(centres: Tensor, lidar2img: Tensor, img_meta: Mapping, lies: bool = False) -> Tensor:
     """Whether each object's centre projects into a live camera view.
 
     Args:
@@ -99,13 +103,14 @@ def camera_visible_objects(centres: Tensor, lidar2img: Tensor, img_meta: Mapping
         lidar2img (Tensor): ``[N, 4, 4]`` the sample's projections.
         img_meta (Mapping): ``pad_shape`` (the image extent the camera tokens
             cover), ``dropped_modalities`` / ``corruption`` (dead views).
+        lies (bool): a yawed view is no live view (:func:`live_camera_views`).
 
     Returns:
         Tensor: ``[n]`` bool.
     """
     if lidar2img.dim() != 3 or lidar2img.shape[1:] != (4, 4):
         raise ValueError(f'lidar2img must be [N, 4, 4], got {tuple(lidar2img.shape)}')
-    live = live_camera_views(img_meta, lidar2img.shape[0], centres.device)
+    live = live_camera_views(img_meta, lidar2img.shape[0], centres.device, lies)
     _, in_view = project_to_views(centres[None].to(lidar2img.dtype), lidar2img[None], pad_shape_hw([img_meta]))
     return (in_view[0] & live[:, None]).any(dim=0)
 
@@ -220,3 +225,41 @@ def oracle_routing_weights(projection_info: Mapping[str, Tensor], occupancy: Ten
     view = projection_info['pts_pers_idx'][..., 0].clamp(min=0)
     camera = projection_info['visible'] & live_views.gather(1, view)
     return occupied.any(dim=-1).float(), camera.float()
+
+
+def lidar_untrusted(reference_xyz: Tensor, img_meta: Mapping, lies: bool) -> Tensor:
+    """Where a sample's LiDAR gives a query no truth: dropped, and with ``lies`` misaligned or near a ghost.
+
+    Args:
+        reference_xyz (Tensor): ``[Q, >=2]`` the queries' reference points (LiDAR frame, metres).
+        img_meta (Mapping): ``dropped_modalities`` / ``corruption`` (:mod:`.sensor_lies`).
+        lies (bool): count the lies: a misaligned point cloud (every query), a ghost within
+            ``GHOST_MARGIN_M`` of the reference point (BEV).
+
+    Returns:
+        Tensor: ``[Q]`` bool.
+    """
+    if 'points' in dropped_modalities(img_meta) or (lies and lidar_misaligned(img_meta)):
+        return torch.ones(reference_xyz.shape[0], dtype=torch.bool, device=reference_xyz.device)
+    if not lies:
+        return torch.zeros(reference_xyz.shape[0], dtype=torch.bool, device=reference_xyz.device)
+    return near_boxes(reference_xyz, ghost_boxes(img_meta, reference_xyz.device))
+
+
+def unmatched_query_targets(oracle_lidar: Tensor, oracle_camera: Tensor, untrusted_lidar: Tensor) -> Tensor:
+    """Routing targets of every query from the input's truth at its reference point (used for unmatched ones).
+
+    LiDAR 1 where the query's LiDAR window holds a point and the LiDAR is not
+    untrusted there (:func:`lidar_untrusted`); camera 1 where its reference
+    point projects into a live view (:func:`oracle_routing_weights`, whose
+    live views leave out the yawed ones when lies count).
+
+    Args:
+        oracle_lidar (Tensor): ``[bs, Q]`` 0. or 1. from :func:`oracle_routing_weights`.
+        oracle_camera (Tensor): ``[bs, Q]`` 0. or 1.
+        untrusted_lidar (Tensor): ``[bs, Q]`` bool.
+
+    Returns:
+        Tensor: ``[bs, Q, 2]`` float (LiDAR, camera), 0. or 1.
+    """
+    return torch.stack([oracle_lidar * ~untrusted_lidar, oracle_camera], dim=-1)

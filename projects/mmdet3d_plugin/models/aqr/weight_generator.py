@@ -14,6 +14,7 @@ from .aux_loss import modality_drop_flags, routing_loss
 from .local_window import LocalWindowAttention
 from .projection import project_reference_points
 from .routing_targets import camera_visible_objects, matched_object_targets, query_target_loss
+from .sensor_lies import lidar_misaligned
 
 WEIGHT_ACTIVATIONS = ('sigmoid', 'softmax')
 #: ``'query'``: every query its own weights (AQR); ``'sample'``: one pair per sample for all its queries (a global gate).
@@ -136,6 +137,19 @@ class AQRWeightGenerator(BaseModule):
             detection loss still trains the router's parameters). Default: 0.
         min_lidar_points (int): points an object's box must hold for its
             LiDAR target to be 1. Default: 5.
+        unmatched_loss_weight (float): weight of the per-query routing loss of
+            the queries the Hungarian assignment left unmatched (where false
+            positives are born; needs ``query_loss_weight > 0``): each takes the
+            input's truth at its reference point, LiDAR 1 where its LiDAR
+            window holds a point, the LiDAR is not dropped and (with
+            ``lie_targets``) does not lie there; camera 1 where the point
+            projects into a live view (``routing_targets.unmatched_query_targets``);
+            0 turns it off. Default: 0.
+        lie_targets (bool): the per-query targets know where a sensor lies
+            (``sensor_lies``; needs ``query_loss_weight > 0``): a yawed view is
+            no live view (camera 0), a misaligned point cloud gives every query
+            LiDAR 0, and an unmatched query within 2 m of a ghost's box gets
+            LiDAR 0. Default: False.
         granularity (str): ``'query'``: every query gets its own weights;
             ``'sample'``: a global gate, one LiDAR and one camera weight per
             sample: the weight head's logits are averaged over the sample's
@@ -161,6 +175,8 @@ class AQRWeightGenerator(BaseModule):
                  aux_loss_weight: float = 0.0,
                  query_loss_weight: float = 0.0,
                  min_lidar_points: int = 5,
+                 unmatched_loss_weight: float = 0.0,
+                 lie_targets: bool = False,
                  granularity: str = 'query',
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -183,8 +199,15 @@ class AQRWeightGenerator(BaseModule):
             raise ValueError(f'query_loss_weight must be >= 0, got {query_loss_weight}')
         if min_lidar_points < 1:
             raise ValueError(f'min_lidar_points must be >= 1, got {min_lidar_points}')
+        if unmatched_loss_weight < 0:
+            raise ValueError(f'unmatched_loss_weight must be >= 0, got {unmatched_loss_weight}')
+        if (unmatched_loss_weight > 0 or lie_targets) and query_loss_weight == 0:
+            raise ValueError('unmatched_loss_weight and lie_targets shape the per-query routing loss: they need '
+                             'query_loss_weight > 0')
         self.query_loss_weight = float(query_loss_weight)
         self.min_lidar_points = int(min_lidar_points)
+        self.unmatched_loss_weight = float(unmatched_loss_weight)
+        self.lie_targets = bool(lie_targets)
         self.attention = LocalWindowAttention(embed_dims, num_heads, attn_drop=dropout)
         self.attn_dropout = nn.Dropout(dropout)
         self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels, ffn_drop=dropout)
@@ -307,9 +330,16 @@ class AQRWeightGenerator(BaseModule):
         """Whether the per-query routing loss is on (it needs the matches and the objects' point counts)."""
         return self.query_loss_weight > 0
 
+    @property
+    def with_unmatched_targets(self) -> bool:
+        """Whether the unmatched queries get routing targets (they need the input's truth at their reference
+        points, ``routing_targets.unmatched_query_targets``)."""
+        return self.unmatched_loss_weight > 0
+
     def query_loss(self, lidar_weights: Tensor, camera_weights: Tensor, matched_objects: Sequence[Sequence[Tensor]],
                    gt_centres: Sequence[Tensor], gt_num_points: Sequence[Tensor],
-                   img_metas: Sequence[dict], geometry: CameraGeometry) -> Dict[str, Tensor]:
+                   img_metas: Sequence[dict], geometry: CameraGeometry,
+                   unmatched_targets: Optional[Tensor] = None) -> Dict[str, Tensor]:
         """Per-query routing loss against what still sees each matched object (empty when it is off).
 
         Args:
@@ -320,12 +350,17 @@ class AQRWeightGenerator(BaseModule):
                 matched to, ``-1`` where none.
             gt_centres (Sequence[Tensor]): per sample ``[n, 3]`` object centres (LiDAR frame).
             gt_num_points (Sequence[Tensor]): per sample ``[n]`` LiDAR points in each object's box.
-            img_metas (Sequence[dict]): ``pad_shape`` and the dead views.
+            img_metas (Sequence[dict]): ``pad_shape``, the dead views and (``lie_targets``) the lies.
             geometry (CameraGeometry): the batch's cameras (``lidar2img``).
+            unmatched_targets (Tensor, optional): ``[bs, Q, 2]`` every query's
+            targets from the input's truth at its reference point; needed with
+            ``unmatched_loss_weight > 0``, for the unmatched queries.
 
         Returns:
             dict[str, Tensor]: ``loss_aqr_query`` and ``aqr_query_accuracy``
-            (matched weights on the target's side of 0.5; logged, not optimised).
+            (matched weights on the target's side of 0.5; logged, not optimised);
+            with ``unmatched_loss_weight > 0`` also ``loss_aqr_unmatched`` (the
+            BCE over the unmatched queries) and ``aqr_unmatched_accuracy``.
         """
         if not self.with_query_targets:
             return {}
@@ -339,14 +374,32 @@ class AQRWeightGenerator(BaseModule):
             centres, num_points = gt_centres[index], gt_num_points[index].to(lidar_weights.device)
             if num_points.shape != centres.shape[:1]:
                 raise ValueError(f'sample {index}: {num_points.numel()} point counts for {centres.shape[0]} objects')
+            lidar_visible = num_points >= self.min_lidar_points
+            if self.lie_targets and lidar_misaligned(meta):
+                lidar_visible = torch.zeros_like(lidar_visible)
             sample_targets, sample_matched = matched_object_targets(
-                matched_objects[index], num_points >= self.min_lidar_points,
-                camera_visible_objects(centres.to(lidar2img.device), lidar2img[index], meta))
+                matched_objects[index], lidar_visible,
+                camera_visible_objects(centres.to(lidar2img.device), lidar2img[index], meta, self.lie_targets))
             targets.append(sample_targets)
             matched.append(sample_matched)
         targets, matched = torch.stack(targets), torch.stack(matched)
         loss = query_target_loss(lidar_weights, camera_weights, targets, matched)
+        losses = dict(loss_aqr_query=self.query_loss_weight * loss,
+                      aqr_query_accuracy=self._accuracy(lidar_weights, camera_weights, targets, matched))
+        if self.with_unmatched_targets:
+            if unmatched_targets is None or unmatched_targets.shape != targets.shape:
+                raise ValueError(f'unmatched_loss_weight > 0 needs unmatched_targets {tuple(targets.shape)} (the '
+                                 f'input\'s truth at each query\'s reference point, QueryRouter computes it)')
+            unmatched = ~matched
+            unmatched_loss = query_target_loss(lidar_weights, camera_weights, unmatched_targets, unmatched)
+            losses.update(loss_aqr_unmatched=self.unmatched_loss_weight * unmatched_loss,
+                          aqr_unmatched_accuracy=self._accuracy(lidar_weights, camera_weights, unmatched_targets,
+                                                                unmatched))
+        return losses
+
+    @staticmethod
+    def _accuracy(lidar_weights: Tensor, camera_weights: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+        """The share of the weights of the ``mask`` ed queries ``[bs, Q]`` on their target's side of 0.5."""
         weights = torch.stack([lidar_weights, camera_weights], dim=-1).detach()
         correct = ((weights > 0.5) == (targets > 0.5)).float().mean(dim=-1)
-        accuracy = (correct * matched).sum() / matched.sum().clamp(min=1)
-        return dict(loss_aqr_query=self.query_loss_weight * loss, aqr_query_accuracy=accuracy)
+        return (correct * mask).sum() / mask.sum().clamp(min=1)

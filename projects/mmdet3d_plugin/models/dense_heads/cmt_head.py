@@ -223,6 +223,12 @@ class CmtHead(BaseModule):
         return self.router.needs_gt_point_counts
 
     @property
+    def needs_points_in_train_metas(self) -> bool:
+        """Whether the detector must put each sample's points in its img_meta in training (AQR's unmatched
+        queries' routing targets)."""
+        return self.router.needs_points_in_train_metas
+
+    @property
     def fused_image_drop_prob(self) -> float:
         return self.camera_aids.fused_image_drop_prob
 

@@ -33,9 +33,11 @@ from torch import Tensor, nn
 
 from ..aqr.bias_generator import AttentionBiasGenerator
 from ..aqr.feature_modulation import FeatureModulation
-from ..aqr.routing_targets import OBJECT_MIN_HEIGHT, live_camera_views, lidar_occupancy, oracle_routing_weights
+from ..aqr.routing_targets import (OBJECT_MIN_HEIGHT, lidar_occupancy, lidar_untrusted, live_camera_views,
+                                   oracle_routing_weights, unmatched_query_targets)
 from ..utils.camera_geometry import CameraGeometry
 from ..utils.img_meta_keys import LIDAR_POINTS_KEY
+from ..utils.positional_encoding import denormalize_points
 from .pass_plan import DecoderMemory
 
 MODULATIONS = ('attention_bias', 'feature')
@@ -67,6 +69,8 @@ class QueryRouting:
         img_metas (Sequence[dict]): the batch's metas (``dropped_modalities``
             feeds the auxiliary routing loss).
         geometry (CameraGeometry): the batch's cameras (the per-query routing loss projects with them).
+        unmatched_targets (Tensor, optional): ``[bs, Q, 2]`` the input's truth at each query's reference point,
+            computed in training when the unmatched queries get routing targets (``unmatched_loss_weight``).
     """
 
     lidar_weights: Tensor
@@ -74,6 +78,7 @@ class QueryRouting:
     projection_info: Dict[str, Tensor]
     img_metas: Sequence[dict]
     geometry: CameraGeometry
+    unmatched_targets: Optional[Tensor] = None
 
 
 def routing_of(outputs) -> Optional[QueryRouting]:
@@ -182,6 +187,11 @@ class QueryRouter:
         """Whether :meth:`loss` needs ``gt_num_points`` (the per-query routing loss is on)."""
         return self.enabled and self.weight_generator.with_query_targets
 
+    @property
+    def needs_points_in_train_metas(self) -> bool:
+        """Whether training needs each sample's points in its img_meta (the unmatched queries' LiDAR truth)."""
+        return self.enabled and self.weight_generator.with_unmatched_targets
+
     def route(self, reference_points: Tensor, query_embed: Tensor, memory: DecoderMemory, img_metas: Sequence[dict],
               geometry: CameraGeometry, num_dn: int, oracle: Optional[str] = None
               ) -> Tuple[DecoderMemory, Optional[QueryRouting]]:
@@ -192,7 +202,7 @@ class QueryRouter:
             query_embed (Tensor): ``[bs, P, C]``.
             memory (DecoderMemory): the fused pass's tokens and positions (no bias yet).
             img_metas (Sequence[dict]): ``dropped_modalities`` (and ``lidar_points``
-                and the dead views for the oracle).
+                and the dead views for the oracle and the unmatched queries' targets).
             geometry (CameraGeometry): the batch's cameras (:meth:`CameraGeometry.from_metas`).
             num_dn (int): DN queries at the front.
             oracle (str, optional): an oracle routing (``'oracle'``, ``'oracle_objects'``): the input's truth
@@ -213,6 +223,12 @@ class QueryRouter:
             lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas,
                                                                  ORACLE_MIN_HEIGHTS[oracle])
         routing = QueryRouting(lidar_weights, camera_weights, info, img_metas, geometry)
+        if self.weight_generator.training and self.weight_generator.with_unmatched_targets:
+            lies = self.weight_generator.lie_targets
+            oracle_lidar, oracle_camera = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas, None, lies)
+            reference_xyz = denormalize_points(reference_points[:, num_dn:].detach(), self.pc_range)
+            untrusted = torch.stack([lidar_untrusted(xyz, meta, lies) for xyz, meta in zip(reference_xyz, img_metas)])
+            routing.unmatched_targets = unmatched_query_targets(oracle_lidar, oracle_camera, untrusted)
         if self.modulates_features:
             bev_feat, img_feat = self.feature_modulation(lidar_weights, camera_weights, info, bev_feat, img_feat,
                                                          bev_shape, camera_shape)
@@ -222,17 +238,20 @@ class QueryRouter:
         return memory._replace(cross_attn_bias=bias), routing
 
     def _oracle_weights(self, info: Dict[str, Tensor], bev_shape: Tuple[int, int], num_views: int,
-                        img_metas: Sequence[dict], min_height: Optional[float]) -> Tuple[Tensor, Tensor]:
-        """The oracle's ``lidar`` / ``camera`` weights ``[bs, Q]`` (see ``models/aqr/routing_targets.py``)."""
+                        img_metas: Sequence[dict], min_height: Optional[float],
+                        lies: bool = False) -> Tuple[Tensor, Tensor]:
+        """The oracle's ``lidar`` / ``camera`` weights ``[bs, Q]`` (see ``models/aqr/routing_targets.py``; with
+        ``lies`` a yawed view is no live view)."""
         device = info['pts_bev'].device
         occupancy, live = [], []
         for index, meta in enumerate(img_metas):
             if LIDAR_POINTS_KEY not in meta:
-                raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': oracle routing reads the sample's "
-                               f"LiDAR points there (CmtDetector.simple_test puts them when the head asks)")
+                raise KeyError(f"img_metas[{index}] has no '{LIDAR_POINTS_KEY}': the oracle and the unmatched "
+                               f"queries' targets read the sample's LiDAR points there (CmtDetector puts them when "
+                               f"the head asks)")
             occupancy.append(lidar_occupancy(meta[LIDAR_POINTS_KEY].to(device), self.pc_range, bev_shape,
                                              min_height))
-            live.append(live_camera_views(meta, num_views, device))
+            live.append(live_camera_views(meta, num_views, device, lies))
         return oracle_routing_weights(info, torch.stack(occupancy), torch.stack(live),
                                       self.weight_generator.lidar_window)
 
@@ -258,5 +277,6 @@ class QueryRouter:
                                  f'each ground-truth box; CmtDetector.forward_train counts them)')
             centres = [boxes.gravity_center.to(routing.lidar_weights.device) for boxes in gt_bboxes_3d]
             losses.update(generator.query_loss(routing.lidar_weights, routing.camera_weights, matched_objects,
-                                               centres, gt_num_points, routing.img_metas, routing.geometry))
+                                               centres, gt_num_points, routing.img_metas, routing.geometry,
+                                               routing.unmatched_targets))
         return losses

@@ -273,6 +273,9 @@ class CmtDetector(MVXTwoStageDetector):
                                  f'ground-truth box (AQR query_loss_weight > 0)')
             gt_num_points = [count_points_in_boxes(sample_points, boxes.tensor.to(sample_points.device))
                              for sample_points, boxes in zip(points, gt_bboxes_3d)]
+        if getattr(self.pts_bbox_head, 'needs_points_in_train_metas', False):
+            img_metas = [dict(meta, **{LIDAR_POINTS_KEY: sample_points[:, :3]})
+                         for meta, sample_points in zip(img_metas, points)]
         return self.forward_pts_train(pts_feats, img_feats, gt_bboxes_3d, gt_labels_3d, img_metas, gt_num_points,
                                       fused_blank_views)
 

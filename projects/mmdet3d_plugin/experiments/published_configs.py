@@ -1,0 +1,207 @@
+"""Run every published config as a user would (``tools/check_published_configs.py``): train, test, submit.
+
+For each config (:data:`PUBLISHED_CONFIGS`), in ``<work dir>/<config name>/``:
+
+1. ``<config name>.py``: the config with the data root pointed at the given set and its schedule cut to
+   ``iters`` iterations (``IterBasedRunner``, a checkpoint at the end, a log line per iteration) and
+   nothing else changed: its train pipeline (GT sampling, CBGS, GridMask where it has it), optimizer and
+   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` only when asked);
+2. ``tools/dist_train.sh <config> <processes>``;
+3. ``tools/dist_test.sh <config> <checkpoint> <processes> --eval bbox``;
+4. ``tools/test.py <config> <checkpoint> --format-only``: ``results_nusc.json``, loaded back with the
+   nuScenes devkit's ``load_prediction``;
+
+and :func:`results_table` prints one row per config: seconds per iteration (median of the logged iterations
+after the first), peak memory (the processes' summed proportional set size, sampled every second; the GPU's
+peak as logged by mmcv on CUDA), whether every logged loss is finite, NDS and the submission's samples.
+"""
+import contextlib
+import glob
+import json
+import math
+import os
+import os.path as osp
+import signal
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Set
+
+from ..utils.local_resources import free_port
+from ..utils.repo_paths import REPO_ROOT
+from .tool_runner import start_tool
+
+#: The published configs: the four CMT configs and the two CMT-AQR configs.
+PUBLISHED_CONFIGS = tuple(sorted(osp.relpath(path, REPO_ROOT)
+                                 for path in glob.glob(osp.join(REPO_ROOT, 'configs', 'cmt_*.py'))))
+NDS_KEY = 'pts_bbox_NuScenes/NDS'
+
+
+@dataclass
+class ConfigCheck:
+    """One row of the table: what running one config showed (``None``: the step did not get that far)."""
+
+    config: str
+    seconds_per_iter: Optional[float] = None
+    peak_host_mib: Optional[float] = None
+    peak_gpu_mib: Optional[float] = None
+    losses_finite: Optional[bool] = None
+    nds: Optional[float] = None
+    submission_samples: Optional[int] = None
+    wall_seconds: Dict[str, float] = field(default_factory=dict)
+    failed: str = ''
+
+
+def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Optional[int] = None,
+                   workers_per_gpu: Optional[int] = None):
+    """``config`` (a path) as it runs in the check (see the module docstring); an mmcv ``Config``."""
+    from mmcv import Config
+
+    from ..datasets.data_root_config import retarget_data_root
+    cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, config)), osp.abspath(data_root))
+    cfg.runner = dict(type='IterBasedRunner', max_iters=iters)
+    cfg.checkpoint_config = dict(cfg.checkpoint_config, by_epoch=False, interval=iters)
+    cfg.log_config = dict(cfg.log_config, interval=1)
+    if samples_per_gpu is not None:
+        cfg.data.samples_per_gpu = samples_per_gpu
+    if workers_per_gpu is not None:
+        cfg.data.workers_per_gpu = workers_per_gpu
+    return cfg
+
+
+def process_tree(root_pid: int) -> Set[int]:
+    """``root_pid`` and all its descendants (from ``/proc``)."""
+    parents = {}
+    for entry in os.listdir('/proc'):
+        try:
+            with open(f'/proc/{entry}/stat') as f:
+                parents[int(entry)] = int(f.read().rpartition(')')[2].split()[1])
+        except (ValueError, OSError):
+            continue
+    tree, frontier = {root_pid}, [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        children = [child for child, parent in parents.items() if parent == pid and child not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return tree
+
+
+def process_tree_mib(root_pid: int) -> float:
+    """The summed proportional set size (``Pss``; ``Rss`` where it is not given) of ``root_pid`` and all its
+    descendants, MiB (0 for processes that ended meanwhile)."""
+    total_kb = 0
+    for pid in process_tree(root_pid):
+        fields = {}
+        try:
+            with open(f'/proc/{pid}/smaps_rollup') as f:
+                for line in f:
+                    key, _, value = line.partition(':')
+                    if key in ('Pss', 'Rss'):
+                        fields[key] = int(value.split()[0])
+        except OSError:
+            continue
+        total_kb += fields.get('Pss', fields.get('Rss', 0))
+    return total_kb / 1024
+
+
+def run_measured(command: List[str], env: Dict[str, str], interval_s: float = 1.0):
+    """Run a tool (``tool_runner.start_tool``); ``(return code, seconds, peak process-tree MiB)``."""
+    start = time.time()
+    process = start_tool(command, env)
+    peak = [0.0]
+
+    def sample() -> None:
+        while process.poll() is None:
+            peak[0] = max(peak[0], process_tree_mib(process.pid))
+            time.sleep(interval_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        returncode = process.wait()
+    except BaseException:  # interrupted (Ctrl-C, a timeout): end the tool and the processes it started
+        for pid in process_tree(process.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise
+    sampler.join()
+    return returncode, time.time() - start, peak[0]
+
+
+def train_log_summary(work_dir: str) -> Dict[str, Optional[float]]:
+    """From the newest ``*.log.json`` of ``work_dir``: median seconds per iteration after the first, whether
+    every logged loss is finite, the GPU's peak MiB (``None`` when not logged)."""
+    logs = sorted(glob.glob(osp.join(work_dir, '*.log.json')))
+    with open(logs[-1]) as f:
+        entries = [json.loads(line) for line in f if line.strip()]
+    train = [entry for entry in entries if entry.get('mode') == 'train']
+    times = [entry['time'] for entry in train]
+    losses = [value for entry in train for key, value in entry.items() if key.startswith('loss')]
+    memory = [entry['memory'] for entry in train if 'memory' in entry]
+    return dict(seconds_per_iter=statistics.median(times[1:] or times) if times else None,
+                losses_finite=bool(losses) and all(math.isfinite(value) for value in losses),
+                peak_gpu_mib=max(memory) if memory else None)
+
+
+def submission_samples(path: str) -> int:
+    """The samples of a ``results_nusc.json`` as the nuScenes devkit loads it (an error if it does not)."""
+    from nuscenes.eval.common.loaders import load_prediction
+    from nuscenes.eval.detection.data_classes import DetectionBox
+    boxes, _ = load_prediction(path, 500, DetectionBox, verbose=False)
+    return len(boxes.sample_tokens)
+
+
+def check_config(config: str, data_root: str, work_dir: str, iters: int, processes: int,
+                 samples_per_gpu: Optional[int] = None, workers_per_gpu: Optional[int] = None) -> ConfigCheck:
+    """Steps 1–4 of the module docstring for one config; stops at the first step that fails (``failed``)."""
+    name = osp.splitext(osp.basename(config))[0]
+    folder = osp.abspath(osp.join(work_dir, name))
+    os.makedirs(folder, exist_ok=True)
+    cfg_path = osp.join(folder, f'{name}.py')
+    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu).dump(cfg_path)
+    row = ConfigCheck(config)
+    train_dir, checkpoint = osp.join(folder, 'train'), osp.join(folder, 'train', 'latest.pth')
+    steps = [('train', ['tools/dist_train.sh', cfg_path, str(processes), '--work-dir', train_dir]),
+             ('test', ['tools/dist_test.sh', cfg_path, checkpoint, str(processes), '--eval', 'bbox', '--work-dir',
+                       osp.join(folder, 'test')]),
+             ('format', ['tools/test.py', cfg_path, checkpoint, '--format-only', '--work-dir', osp.join(folder, 'test'),
+                         '--eval-options', f'jsonfile_prefix={osp.join(folder, "submission")}'])]
+    for step, command in steps:
+        returncode, seconds, peak = run_measured(command, dict(PORT=str(free_port())))
+        row.wall_seconds[step] = round(seconds, 1)
+        row.peak_host_mib = max(row.peak_host_mib or 0.0, peak)
+        if returncode != 0:
+            row.failed = f'{step} exited with code {returncode}'
+            return row
+        if step == 'train':
+            vars(row).update(train_log_summary(train_dir))
+        elif step == 'test':
+            with open(sorted(glob.glob(osp.join(folder, 'test', 'eval_*.json')))[-1]) as f:
+                row.nds = json.load(f)['metrics'].get(NDS_KEY)
+    row.submission_samples = submission_samples(osp.join(folder, 'submission', 'pts_bbox', 'results_nusc.json'))
+    return row
+
+
+def _number(value: Optional[float], digits: int) -> str:
+    return '-' if value is None else f'{value:,.{digits}f}'.replace(',', ' ')
+
+
+def results_table(rows: List[ConfigCheck]) -> str:
+    """The Markdown table of the checked configs (one row each)."""
+    lines = ['| config | s / iter | peak host MiB | peak GPU MiB | losses finite | NDS | submission | minutes '
+             '(train / test / format) | failed |', '|---|---:|---:|---:|---|---:|---|---|---|']
+    for row in rows:
+        submission = '-' if row.submission_samples is None else f'results_nusc.json, {row.submission_samples} samples'
+        minutes = ' / '.join(f'{seconds / 60:.1f}' for seconds in row.wall_seconds.values())
+        finite = '-' if row.losses_finite is None else ('yes' if row.losses_finite else '**no**')
+        lines.append(f'| {osp.basename(row.config)} | {_number(row.seconds_per_iter, 1)} | '
+                     f'{_number(row.peak_host_mib, 0)} | {_number(row.peak_gpu_mib, 0)} | {finite} | '
+                     f'{_number(row.nds, 4)} | {submission} | {minutes} | {row.failed or "-"} |')
+    return '\n'.join(lines)
+
+
+def rows_as_json(rows: List[ConfigCheck]) -> str:
+    """The rows for machines."""
+    return json.dumps([asdict(row) for row in rows], indent=1)

@@ -1,0 +1,99 @@
+"""tools/check_published_configs.py: a published config, unchanged but for its data root and schedule length,
+trains in 2 processes through tools/dist_train.sh, tests through tools/dist_test.sh and writes a submission.
+
+The CI-sized slice: the R50 CMT-AQR config for one iteration (one sample per process) on a nuScenes-shaped set of
+one train and one val key frame (``--preset nuscenes-mini`` with one sweep and a sparse LiDAR).
+"""
+import json
+import os.path as osp
+
+import pytest
+
+from projects.mmdet3d_plugin.experiments.published_configs import (PUBLISHED_CONFIGS, ConfigCheck, checked_config,
+                                                                   results_table, train_log_summary)
+from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
+from tools import check_published_configs, create_data, make_synthetic_nuscenes
+
+SLICE_CONFIG = 'cmt_aqr_voxel0100_r50_800x320_cbgs'
+
+
+@pytest.fixture(scope='module')
+def nuscenes_shaped(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp('nuscenes_shaped'))
+    make_synthetic_nuscenes.main(['--preset', 'nuscenes-mini', '--root', root, '--scenes', '2', '--samples', '1',
+                                  '--sweeps', '1', '--lidar-azimuths', '360', '--objects', '10', '--quiet'])
+    create_data.main(['nuscenes', '--root-path', root, '--version', 'v1.0-mini', '--max-sweeps', '1'])
+    return root
+
+
+def test_the_six_published_configs_are_checked_and_only_their_schedule_and_data_root_change(nuscenes_shaped):
+    from mmcv import Config
+    names = [osp.basename(path) for path in PUBLISHED_CONFIGS]
+    assert len(names) == 6 and sum(name.startswith('cmt_aqr_') for name in names) == 2
+    original = Config.fromfile(osp.join(REPO_ROOT, 'configs', f'{SLICE_CONFIG}.py'))
+    checked = checked_config(f'configs/{SLICE_CONFIG}.py', nuscenes_shaped, iters=3)
+    assert checked.runner == dict(type='IterBasedRunner', max_iters=3)
+    assert checked.checkpoint_config.interval == 3 and checked.log_config.interval == 1
+    for key in ('model', 'optimizer', 'optimizer_config', 'lr_config', 'momentum_config'):
+        assert checked[key] == original[key], key
+    assert checked.data.train.type == 'CBGSDataset'
+    train_types = [step['type'] for step in checked.data.train.dataset.pipeline]
+    assert train_types == [step['type'] for step in original.data.train.dataset.pipeline]
+    assert checked.data.train.dataset.ann_file == osp.join(nuscenes_shaped, 'nuscenes_infos_train.pkl')
+    with pytest.raises(SystemExit, match='not published configs'):
+        check_published_configs.select_configs(['demo/cmt_synthetic_tiny'])
+
+
+def test_log_summary_and_table_flag_a_non_finite_loss(tmp_path):
+    lines = [dict(mode='train', iter=1, time=9.0, loss=1.0), dict(mode='train', iter=2, time=4.0, loss=float('nan'))]
+    (tmp_path / '20260101_000000.log.json').write_text('\n'.join(json.dumps(line) for line in lines))
+    summary = train_log_summary(str(tmp_path))
+    assert summary == dict(seconds_per_iter=4.0, losses_finite=False, peak_gpu_mib=None)
+    table = results_table([ConfigCheck('configs/x.py', **summary)])
+    assert '| x.py | 4.0 |' in table and '**no**' in table
+
+
+@pytest.mark.slow(seconds=150)
+def test_the_r50_cmt_aqr_config_trains_tests_and_submits_in_two_processes(nuscenes_shaped, tmp_path):
+    rows_file = str(tmp_path / 'rows.json')
+    returncode = check_published_configs.main(['--data-root', nuscenes_shaped, '--configs', SLICE_CONFIG, '--iters', '1',
+                                               '--samples-per-gpu', '1', '--workers-per-gpu', '0', '--work-dir',
+                                               str(tmp_path / 'work'), '--json', rows_file])
+    with open(rows_file) as f:
+        row, = json.load(f)
+    assert row['failed'] == '' and returncode == 0, row
+    assert row['losses_finite'] and row['seconds_per_iter'] > 0 and row['peak_host_mib'] > 0
+    assert 0.0 <= row['nds'] <= 1.0
+    assert row['submission_samples'] == 1
+
+
+def test_an_interrupted_step_ends_the_processes_its_tool_started(tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    from projects.mmdet3d_plugin.experiments import published_configs
+    pid_file = tmp_path / 'child'
+    process = subprocess.Popen(['bash', '-c', f'sleep 60 & echo $! > {pid_file}; wait'])
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+
+    def interrupted_wait(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(published_configs, 'start_tool', lambda command, env: process)
+    monkeypatch.setattr(process, 'wait', interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        published_configs.run_measured(['tools/x.sh'], {})
+    subprocess.Popen.wait(process, timeout=10)
+    time.sleep(0.2)
+    assert not running(child)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a killed process may stay a zombie until it is reaped)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rpartition(')')[2].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
