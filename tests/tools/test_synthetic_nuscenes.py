@@ -163,15 +163,19 @@ def test_object_range_bounds_every_annotation_in_the_ego_frame(tmp_path):
                                                     object_range=5.0), log=None)
 
 
-def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthetic_nuscenes):
-    """In the info files' LiDAR boxes, the points in the front part reach higher than those in the rear part."""
+def test_lidar_shows_the_heading_as_a_taller_brighter_front_in_the_converted_boxes(synthetic_nuscenes):
+    """In the info files' LiDAR boxes, the points in the front part reach higher than those in the rear part, and
+    they are brighter by FRONT_INTENSITY_OFFSET."""
     import pickle
+    from tools.data_converter.synthetic.shape import FRONT_INTENSITY_OFFSET
     taller_front = checked = 0
+    brighter = []
     for split in ('train', 'val'):
         with open(osp.join(synthetic_nuscenes, f'nuscenes_infos_{split}.pkl'), 'rb') as f:
             infos = pickle.load(f)['infos']
         for info in infos:
-            xyz = np.fromfile(info['lidar_path'], dtype=np.float32).reshape(-1, 5)[:, :3]
+            points = np.fromfile(info['lidar_path'], dtype=np.float32).reshape(-1, 5)
+            xyz, intensity = points[:, :3], points[:, 3]
             for x, y, z, length, width, height, yaw in info['gt_boxes'][:, :7]:
                 offset = xyz - [x, y, z]  # z: the box's gravity centre
                 along = offset[:, 0] * np.cos(yaw) + offset[:, 1] * np.sin(yaw)
@@ -182,8 +186,12 @@ def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthe
                     continue
                 checked += 1
                 taller_front += offset[front, 2].max() > offset[rear, 2].max() + 0.2 * height
+                front_part, rear_part = inside & (along > 0.15 * length), inside & (along < 0)
+                if front_part.sum() >= 5 and rear_part.sum() >= 5:
+                    brighter.append(intensity[front_part].mean() - intensity[rear_part].mean())
     assert checked >= 8
     assert taller_front / checked > 0.8
+    assert len(brighter) >= 8 and np.median(brighter) == pytest.approx(FRONT_INTENSITY_OFFSET, abs=10.0)
 
 
 def test_cameras_show_the_heading_as_a_white_front_face():
@@ -212,11 +220,13 @@ def test_cameras_show_the_heading_as_a_white_front_face():
 
 def test_object_parts_fill_the_annotated_box():
     from tools.data_converter.synthetic.lidar import BoxSet
-    from tools.data_converter.synthetic.shape import FRONT_LENGTH_SHARE, REAR_HEIGHT_SHARE, object_parts
+    from tools.data_converter.synthetic.shape import (FRONT_INTENSITY_OFFSET, FRONT_LENGTH_SHARE, REAR_HEIGHT_SHARE,
+                                                      object_parts)
     boxes = BoxSet(centers=np.array([[3.0, -2.0, 1.0]]), lwh=np.array([[5.0, 2.0, 2.0]]), yaws=np.array([np.pi / 2]),
                    intensities=np.array([50.0]))
     parts, owner, is_front = object_parts(boxes)
     assert owner.tolist() == [0, 0] and is_front.tolist() == [True, False]
+    assert parts.intensities.tolist() == [50.0 + FRONT_INTENSITY_OFFSET, 50.0]  # a retro-reflective front
     front, rear = parts.centers
     assert np.allclose(front, [3.0, -2.0 + (5.0 - 5.0 * FRONT_LENGTH_SHARE) / 2, 1.0])  # heading +y: front at +y
     assert np.allclose(parts.lwh, [[5.0 * FRONT_LENGTH_SHARE, 2.0, 2.0],

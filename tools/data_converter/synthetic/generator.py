@@ -30,9 +30,9 @@ from .lidar import BoxSet, cast_scan, ray_directions
 from .shape import FRONT_FACE_BGR, object_parts
 
 #: Changes whenever the same options generate different data (2: objects with a visible heading, shape.py;
-#: 3: a checkerboard ground and contact shadows in the images, camera.py), so that tools which cache a
-#: generated set (tools/demo.py) regenerate it.
-GENERATOR_VERSION = 3
+#: 3: a checkerboard ground and contact shadows in the images, camera.py; 4: a LiDAR-bright front, shape.py), so
+#: that tools which cache a generated set (tools/demo.py) regenerate it.
+GENERATOR_VERSION = 4
 
 TABLE_NAMES = ('attribute', 'calibrated_sensor', 'category', 'ego_pose', 'instance', 'log', 'map', 'sample',
                'sample_annotation', 'sample_data', 'scene', 'sensor', 'visibility')
