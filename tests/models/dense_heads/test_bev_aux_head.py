@@ -1,4 +1,5 @@
 """BevAuxHead: dense heatmap, heading and velocity targets on the BEV memory, and CmtHead's lidar_aids."""
+import dataclasses
 import math
 
 import pytest
@@ -90,6 +91,46 @@ def test_cmt_head_trains_the_bev_memory_with_it(cmt_test_data):
     assert aux.eval()([bev], [img], img_metas).bev_aux is None
     _, default_losses = train_losses(default, img_metas, bev, img)
     assert not BEV_AUX_LOSSES & set(default_losses)
+
+
+def test_a_detached_head_trains_itself_only(cmt_test_data):
+    aux = head_cfg(bev_aux_config=dict(BEV_AUX, detach_input=True))
+    bev, img = features()
+    bev.requires_grad_(True)
+    preds, losses = train_losses(aux, cmt_test_data['make_img_metas'](2), bev, img)
+    sum(losses[name] for name in BEV_AUX_LOSSES).backward()
+    assert bev.grad is None or bev.grad.abs().sum() == 0, 'the aux losses must not reach the BEV features'
+    assert aux.bev_aux_head.stem.conv.weight.grad.abs().sum() > 0
+
+
+def test_heading_at_reads_the_map_at_each_centre():
+    head = aux_head()
+    outputs = head(torch.zeros(2, 4, 8, 16), [{}, {}])
+    outputs.regression = torch.zeros(2, 4, 8, 16)
+    outputs.regression[1, 0, 1, 9] = math.sin(2.5)  # the cell of (3, -5) m: centre (3, -5)
+    outputs.regression[1, 1, 1, 9] = math.cos(2.5)
+    outputs.regression[1, 0, 6, 2] = -1.0  # the cell of (-11, 5) m: yaw -pi/2
+    yaws = head.heading_at(outputs, [torch.zeros(0, 2), torch.tensor([[3.0, -5.0, 9.0], [-11.0, 5.0, 9.0]])])
+    assert yaws[0].shape == (0, )
+    torch.testing.assert_close(yaws[1], torch.tensor([2.5, -math.pi / 2]))
+
+
+def test_boxes_take_the_maps_heading_at_inference_where_the_fused_pass_decoded(cmt_test_data):
+    bev, img = features()
+    img_metas = cmt_test_data['make_img_metas'](2)
+    plain = head_cfg(bev_aux_config=BEV_AUX).eval()
+    aux = head_cfg(bev_aux_config=dict(BEV_AUX, heading_at_inference=True)).eval()
+    aux.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        outputs = aux([bev], [img], img_metas)
+        assert outputs.bev_aux is not None and outputs.bev_aux.trained == (True, True)
+        outputs.bev_aux.regression[:, 0], outputs.bev_aux.regression[:, 1] = 1.0, 0.0  # yaw pi/2 everywhere
+        outputs = dataclasses.replace(outputs, bev_aux=dataclasses.replace(outputs.bev_aux, trained=(True, False)))
+        boxes = aux.get_bboxes(outputs, img_metas)
+        reference = plain.get_bboxes(plain([bev], [img], img_metas), img_metas)
+    torch.testing.assert_close(boxes[0][0].yaw, torch.full_like(boxes[0][0].yaw, math.pi / 2))
+    torch.testing.assert_close(boxes[0][0].tensor[:, :6], reference[0][0].tensor[:, :6])
+    torch.testing.assert_close(boxes[1][0].tensor, reference[1][0].tensor)
 
 
 def test_a_head_without_lidar_tokens_refuses_it():

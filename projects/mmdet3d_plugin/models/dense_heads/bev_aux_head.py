@@ -19,12 +19,16 @@ conv + BN + ReLU stem feeds two ``1x1`` branches:
 
 The cell size comes from ``pc_range`` and the map's size. Samples whose points
 did not arrive whole (dropped by ``ModalMask3D`` or changed by a training-time
-sensor corruption) weigh 0.
+sensor corruption) weigh 0. With ``detach_input`` the losses train this head
+only, not the BEV features the decoder reads; with ``heading_at_inference`` the
+head also runs at test time and each box of a sample with points takes its yaw
+from the heading map at its centre (:meth:`BevAuxHead.heading_at`).
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from mmcv.cnn import ConvModule
 from mmcv.runner import BaseModule
 from mmdet.models.builder import HEADS, build_loss
@@ -46,7 +50,8 @@ class BevAuxOutputs:
     Attributes:
         heatmap (Tensor): ``[bs, K, H, W]`` logits.
         regression (Tensor): ``[bs, 4, H, W]`` ``(sin, cos, vx, vy)``.
-        trained (tuple[bool, ...]): per sample, whether its points were there.
+        trained (tuple[bool, ...]): per sample, whether its points were there (at inference: whether the fused
+            pass decoded it, so that its boxes take this head's heading).
     """
 
     heatmap: Tensor
@@ -68,6 +73,8 @@ class BevAuxHead(BaseModule):
         loss_velocity (dict): L1 loss on ``(vx, vy)`` in m/s.
         gaussian_overlap (float): ``min_overlap`` of the Gaussian radius.
         min_radius (int): smallest Gaussian radius in cells.
+        detach_input (bool): train this head on a detached BEV memory (its losses leave the decoder's features alone).
+        heading_at_inference (bool): the boxes' yaw comes from this head's heading map (``CmtHead.get_bboxes``).
         init_cfg (dict, optional): mmcv init config.
     """
 
@@ -81,6 +88,8 @@ class BevAuxHead(BaseModule):
                  loss_velocity: dict = dict(type='L1Loss', reduction='mean', loss_weight=0.25),
                  gaussian_overlap: float = 0.1,
                  min_radius: int = 1,
+                 detach_input: bool = False,
+                 heading_at_inference: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if len(pc_range) != 6 or pc_range[3] <= pc_range[0] or pc_range[4] <= pc_range[1]:
@@ -90,6 +99,8 @@ class BevAuxHead(BaseModule):
         self.pc_range = [float(value) for value in pc_range]
         self.gaussian_overlap = gaussian_overlap
         self.min_radius = min_radius
+        self.detach_input = detach_input
+        self.heading_at_inference = heading_at_inference
         self.stem = ConvModule(in_channels, feat_channels, kernel_size=3, padding=1, conv_cfg=dict(type='Conv2d'),
                                norm_cfg=dict(type='BN2d'))
         self.heatmap = nn.Conv2d(feat_channels, num_classes, kernel_size=1)
@@ -107,9 +118,20 @@ class BevAuxHead(BaseModule):
         """Predict the heatmaps and ``(sin, cos, vx, vy)`` maps of ``bev_feat`` ``[bs, C, H, W]``."""
         if bev_feat.size(0) != len(img_metas):
             raise ValueError(f'{len(img_metas)} img_metas for a BEV map of batch {bev_feat.size(0)}')
-        feat = self.stem(bev_feat)
+        feat = self.stem(bev_feat.detach() if self.detach_input else bev_feat)
         return BevAuxOutputs(heatmap=self.heatmap(feat), regression=self.regression(feat),
                              trained=trained_samples(MODALITY_PASSES['lidar'], img_metas))
+
+    def heading_at(self, outputs: BevAuxOutputs, centres: Sequence[Tensor]) -> List[Tensor]:
+        """Per sample ``[n]`` yaw (``atan2`` of the heading map, bilinear) at ``[n, >=2]`` BEV centres in metres."""
+        low, high = self.pc_range[:2], self.pc_range[3:5]
+        yaws = []
+        for sample, xy in enumerate(centres):
+            grid = torch.stack([(xy[:, axis] - low[axis]) / (high[axis] - low[axis]) * 2 - 1 for axis in (0, 1)], -1)
+            sin_cos = F.grid_sample(outputs.regression[sample:sample + 1, :2].float(), grid.float().view(1, 1, -1, 2),
+                                    align_corners=False)[0, :, 0]  # [2, n]
+            yaws.append(torch.atan2(sin_cos[0], sin_cos[1]).to(xy.dtype))
+        return yaws
 
     def targets(self, map_hw: Tuple[int, int], gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
                 device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

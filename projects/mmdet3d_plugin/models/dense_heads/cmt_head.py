@@ -25,6 +25,7 @@ Parameter names (``shared_conv``, ``transformer``, ``reference_points``, ``bev_e
 ``task_heads``) and the regression layout equal upstream CMT's, so published checkpoints load.
 """
 import copy
+import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -296,10 +297,15 @@ class CmtHead(BaseModule):
             bev_aux = self.bev_aux_head(bev_feat, img_metas) if self.bev_aux_head is not None else None
             return HeadOutputs(tasks, dn_queries, routing, passes, cameras.image_aux, cameras.fused_black_samples,
                                bev_aux)
+        fused_samples = [True] * len(img_metas)
         for modality_pass, samples in self.pass_plan.inference_passes(img_metas)[1:]:
             tasks = merge_sample_predictions(tasks, decode(modality_pass, fused),
                                              host_to_device(samples, reference_points.device))
-        return HeadOutputs(tasks, routing=routing)
+            fused_samples = [kept and not taken for kept, taken in zip(fused_samples, samples)]
+        bev_aux = None
+        if self.bev_aux_head is not None and self.bev_aux_head.heading_at_inference:
+            bev_aux = dataclasses.replace(self.bev_aux_head(bev_feat, img_metas), trained=tuple(fused_samples))
+        return HeadOutputs(tasks, routing=routing, bev_aux=bev_aux)
 
     def _features(self, pts_feats: Sequence[Optional[Tensor]], img_feats: Sequence[Optional[Tensor]],
                   img_metas: Sequence[dict], fused_blank_views: Optional[FusedBlankViews]
@@ -421,11 +427,19 @@ class CmtHead(BaseModule):
             img, rescale: unused (mmdet3d's interface).
 
         Returns:
-            list[list]: per sample ``[boxes (box_type_3d, bottom centre, 9-dim), scores [N], labels [N]]``.
+            list[list]: per sample ``[boxes (box_type_3d, bottom centre, 9-dim), scores [N], labels [N]]``; with
+            ``BevAuxHead(heading_at_inference=True)`` the boxes of samples with points take the yaw of its heading
+            map at their centre.
         """
         results = []
-        for meta, decoded in zip(img_metas, self.bbox_coder.decode(fp32_predictions(preds_dicts))):
+        decoded_samples = self.bbox_coder.decode(fp32_predictions(preds_dicts))
+        bev_aux = getattr(preds_dicts, 'bev_aux', None)
+        if bev_aux is not None:
+            yaws = self.bev_aux_head.heading_at(bev_aux, [decoded['bboxes'][:, :2] for decoded in decoded_samples])
+        for index, (meta, decoded) in enumerate(zip(img_metas, decoded_samples)):
             bboxes = decoded['bboxes'].clone()
+            if bev_aux is not None and bev_aux.trained[index]:
+                bboxes[:, 6] = yaws[index]
             bboxes[:, 2] = bboxes[:, 2] - bboxes[:, 5] * 0.5
             box_type = meta.get('box_type_3d', LiDARInstance3DBoxes)
             results.append([box_type(bboxes, box_dim=bboxes.size(-1)), decoded['scores'], decoded['labels']])
