@@ -24,7 +24,7 @@ REAR_HEIGHT_SHARE = 0.6
 FRONT_FACE_BGR = (255, 255, 255)
 #: How much brighter an object's front part is in the LiDAR than the rest of it (its class's intensity):
 #: a retro-reflective front that keeps the class's tell-tale intensity.
-FRONT_INTENSITY_OFFSET = 150.0
+FRONT_INTENSITY_OFFSET = 40.0
 
 
 def object_parts(boxes: BoxSet) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
