@@ -104,8 +104,8 @@ class CmtHead(BaseModule):
         camera_aids (dict, optional): :class:`CameraAids` (``image_aux_config``,
             ``camera_depth_position``, ``camera_window_prior``, ``fused_image_drop_prob``).
         train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values), ``grid_size``.
-        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` / ``'oracle'`` /
-            ``'oracle_objects'``).
+        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` or an oracle of
+            ``query_router.ORACLE_TRUTHS``).
     """
 
     def __init__(self,
