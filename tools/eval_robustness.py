@@ -16,7 +16,8 @@ Writes ``robustness.md`` (a Markdown table: mAP, NDS and their change from
 truth is narrowed to the same samples). ``--routing learned oracle``
 evaluates a CMT-AQR model twice per corruption: with its router's weights and
 with the input's truth: the headroom routing could add (``oracle_objects``:
-the truth counting only LiDAR points above the local ground); each routing's
+the truth counting only LiDAR points above the local ground; ``oracle_lies``:
+that truth with the lying sensors muted); each routing's
 deltas are against its own clean run. ``--object-metrics`` adds, per
 corruption, the recall at 2 m of the objects it affected, the false positives
 per sample (and those within 2 m of a ghost: ``lidar_ghost``, ``mixed_lie``)

@@ -4,7 +4,8 @@
 #   bash tools/setup_env.sh            # set up, print the activation line
 #   CMT_AQR_HOME=/some/dir bash ...    # put the cache and the venv elsewhere
 #   CMT_AQR_DEVICE=cuda bash ...        # build for CUDA (default auto: CUDA where a GPU is visible
-#                                       # and nvcc is on PATH; cpu forces the CPU build)
+#                                       # and nvcc is on PATH; cpu forces the CPU build); torch's,
+#                                       # nvcc's and the driver's CUDA are checked first (tools/cuda_build.py)
 #
 # What it does, in order (each step is named when it fails):
 #   1. a virtualenv at $CMT_AQR_HOME/venv (default ~/.cache/cmt-aqr/venv)
@@ -32,6 +33,7 @@ CMT_AQR_HOME="${CMT_AQR_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/cmt-aqr}"
 VENV="${CMT_AQR_VENV:-$CMT_AQR_HOME/venv}"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION=2.13.0
+TORCH_PYPI_CUDA=13.0  # the CUDA of PyPI's torch==$TORCH_VERSION wheel (checked against nvcc and the driver up front)
 TORCHVISION_VERSION=0.28.0
 MMCV_VERSION=1.7.2
 MMDET3D_VERSION=1.0.0rc6
@@ -63,7 +65,9 @@ EOF
 
 STEP="choose the CPU or CUDA build"
 BUILD_CHOICE=("$PYTHON" "$REPO_ROOT/tools/cuda_build.py" --device "${CMT_AQR_DEVICE:-auto}")
-read -r BUILD_MODE _ FORCE_CUDA < <("${BUILD_CHOICE[@]}") || fail "see the cuda_build line above"
+# torch's CUDA, nvcc's and the driver's are compared before anything is installed
+read -r BUILD_MODE _ FORCE_CUDA COMPILE_JOBS < <("${BUILD_CHOICE[@]}" --torch-cuda "$TORCH_PYPI_CUDA") \
+    || fail "see the cuda_build line above"
 [[ -n "$BUILD_MODE" ]] || fail "see the cuda_build line above"
 
 STAMP_FILE="$VENV/.cmt_aqr_stamp"
@@ -137,9 +141,15 @@ STEP="build mmcv-full $MMCV_VERSION"
 MMCV_WHEEL="$(ls "$WHEELS"/mmcv_full-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
 if [[ -z "$MMCV_WHEEL" ]]; then
     BUILD_LOG="$CMT_AQR_HOME/mmcv-build.log"
-    log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
+    if [[ "$BUILD_MODE" == cuda && -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+        # the GPU architectures torch itself was built for (without the variable, torch compiles for the
+        # visible GPU only, and a build machine has none)
+        export TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; print(";".join(a[3:-1] + "." + a[-1] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')"
+        [[ -n "$TORCH_CUDA_ARCH_LIST" ]] || export TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0+PTX"
+    fi
+    log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
-    MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+    MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$COMPILE_JOBS}" \
         "${PIP[@]}" wheel -v --no-build-isolation --no-deps -w "$BUILD_DIR" "mmcv-full==$MMCV_VERSION" >"$BUILD_LOG" 2>&1 &
     BUILD_PID=$!
     while kill -0 "$BUILD_PID" 2>/dev/null; do

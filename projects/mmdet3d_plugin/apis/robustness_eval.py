@@ -69,7 +69,7 @@ class CorruptionResult:
         delta_NDS (float, optional): ``NDS - clean NDS``.
         error (str, optional): ``'ErrorType: message'`` of a failed run.
         seconds (float): wall time of inference and evaluation.
-        routing (str): the AQR routing at test time (``learned``, ``oracle`` or ``oracle_objects``).
+        routing (str): the AQR routing at test time (``learned`` or an oracle, ``query_router.TEST_ROUTINGS``).
         objects (dict, optional): ``--object-metrics``: the fields of
             ``object_metrics.ObjectMetrics`` (affected-object recall, false
             positives per sample and those near ghosts, router accuracy, their counts).
@@ -95,7 +95,7 @@ class RobustnessOptions:
         config (str): the test config.
         checkpoint (str): the checkpoint file.
         corruptions (list[str]): ``clean`` and corruption specs, evaluated in this order.
-        routing (list[str]): AQR routings at test time (``learned``, ``oracle``, ``oracle_objects``).
+        routing (list[str]): AQR routings at test time (``query_router.TEST_ROUTINGS``).
         out (str, optional): output folder (default ``work_dirs/<config name>/robustness``).
         samples (int, optional): evaluate the first N test samples only.
         corruption_seed (int): seed of the random corruptions.

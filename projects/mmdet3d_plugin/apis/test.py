@@ -154,8 +154,8 @@ def set_test_routing(model: nn.Module, routing: str) -> None:
     """Make the CMT-AQR head of ``model`` (bare or wrapped) route with ``routing`` at test time.
 
     ``'learned'``: the router's weights; ``'oracle'``: the input's truth; ``'oracle_objects'``: the input's truth
-    counting only LiDAR points above the local ground (``test_cfg['aqr_routing']``, see
-    ``models/dense_heads/query_router.py``).
+    counting only LiDAR points above the local ground; ``'oracle_lies'``: that truth where the sensors do not lie
+    (``test_cfg['aqr_routing']``, see ``models/dense_heads/query_router.py``).
     """
     if routing not in TEST_ROUTINGS:
         raise ValueError(f'routing must be one of {TEST_ROUTINGS}, got {routing!r}')

@@ -50,7 +50,7 @@ class StudyArm:
         description (str): what it is, for the report.
         config (str): the config it trains (``training='none'``: the config of the arm it evaluates).
         training (str): one of :data:`TRAININGS`.
-        test_routing (str): AQR's routing at test time, ``'learned'``, ``'oracle'`` or ``'oracle_objects'``.
+        test_routing (str): AQR's routing at test time, ``'learned'`` or an oracle (``query_router.ORACLE_TRUTHS``).
         train_corruptions (tuple[dict]): ``RandomSensorCorruption`` items added to the training pipeline.
         modality_drop (tuple[float, float] | str): the training pipeline's ``ModalMask3D`` (image, points) drop
             probabilities; ``'study'``: the study's options; ``'none'``: the config has no such step (a model

@@ -86,6 +86,33 @@ def test_the_oracle_reads_the_points_and_the_test_routing_is_checked(decoder, cm
         routing_mode(dict(aqr_routing='best'))
 
 
+def test_the_lie_oracle_mutes_lying_lidar_and_yawed_views(decoder, cmt_test_data):
+    """``oracle_lies``: LiDAR 0 for every query of a misaligned cloud and near a ghost, camera 0 in a yawed view;
+    the plain oracle believes both."""
+    router = build(decoder)
+    reference_points, query_embed, memory, metas, geometry = inputs(cmt_test_data)
+    reference_points[:, NUM_DN:] = torch.tensor([0.75, 0.5, 0.625])  # (6, 0, 0) m: in front of view 0
+    points = torch.tensor([[6.0, 0.0, -1.8], [6.2, 0.3, -0.2]])  # the ground and a point standing on it
+    weights = {}
+    for name, corruption in (('truth', dict(ghost_boxes=[], yawed_views=[])),
+                             ('misaligned', dict(misaligned=True)),
+                             ('ghost', dict(ghost_boxes=[[7.0, 1.0, -1.8, 4.0, 2.0, 1.5, 0.3]])),
+                             ('far ghost', dict(ghost_boxes=[[-8.0, -8.0, -1.8, 4.0, 2.0, 1.5, 0.3]])),
+                             ('yawed', dict(yawed_views=[0, 1]))):
+        lied = [dict(meta, lidar_points=points, corruption=corruption) for meta in metas]
+        for oracle in ('oracle', 'oracle_lies'):
+            _, routing = router.route(reference_points, query_embed, memory, lied, geometry, NUM_DN, oracle=oracle)
+            weights[name, oracle] = routing.lidar_weights, routing.camera_weights
+    lidar, camera = weights['truth', 'oracle_lies']
+    assert (lidar == 1).all() and (camera == 1).all(), 'the test needs queries over points, seen by a view'
+    for name in ('truth', 'misaligned', 'ghost', 'far ghost', 'yawed'):
+        torch.testing.assert_close(weights[name, 'oracle'], weights['truth', 'oracle'])
+    assert (weights['misaligned', 'oracle_lies'][0] == 0).all() and (weights['ghost', 'oracle_lies'][0] == 0).all()
+    torch.testing.assert_close(weights['far ghost', 'oracle_lies'], weights['truth', 'oracle_lies'])
+    assert (weights['yawed', 'oracle_lies'][1] == 0).all()
+    torch.testing.assert_close(weights['yawed', 'oracle_lies'][0], lidar)
+
+
 def test_bad_routing_configs_raise(decoder):
     for routing, error, message in (
             (dict(attention_bias_config=ROUTING['attention_bias_config']), ValueError, 'need aqr_config'),

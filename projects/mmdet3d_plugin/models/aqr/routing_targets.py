@@ -31,6 +31,7 @@ from torch import Tensor
 from ...attention.bias.window_cells import window_offsets, window_token_index
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
 from ...utils.host_data import host_to_device
+from ..utils.box_frame import box_frame_offsets
 from ..utils.camera_geometry import pad_shape_hw, project_to_views
 from .aux_loss import DROPPED_MODALITIES_KEY, dropped_modalities
 from .projection import bev_cells
@@ -60,15 +61,11 @@ def count_points_in_boxes(points: Tensor, boxes: Tensor) -> Tensor:
         raise ValueError(f'points must be [P, >=3], got {tuple(points.shape)}')
     if boxes.dim() != 2 or boxes.shape[1] < 7:
         raise ValueError(f'boxes must be [n, >=7] (x, y, z, x_size, y_size, z_size, yaw), got {tuple(boxes.shape)}')
-    xyz = points[:, :3].to(boxes.dtype)
     counts = []
     for block in boxes.split(BOX_BLOCK):
-        offset = xyz[:, None, :] - block[None, :, :3]  # [P, b, 3]
-        cos, sin = torch.cos(block[:, 6]), torch.sin(block[:, 6])
-        along = offset[..., 0] * cos + offset[..., 1] * sin
-        across = -offset[..., 0] * sin + offset[..., 1] * cos
-        inside = ((along.abs() <= block[:, 3] / 2) & (across.abs() <= block[:, 4] / 2) & (offset[..., 2] >= 0)
-                  & (offset[..., 2] <= block[:, 5]))
+        along, across, up = box_frame_offsets(points, block).unbind(-1)  # [P, b] each
+        inside = ((along.abs() <= block[:, 3] / 2) & (across.abs() <= block[:, 4] / 2) & (up >= 0)
+                  & (up <= block[:, 5]))
         counts.append(inside.sum(dim=0))
     return torch.cat(counts) if counts else boxes.new_zeros(0, dtype=torch.long)
 

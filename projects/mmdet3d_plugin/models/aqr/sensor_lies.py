@@ -22,6 +22,7 @@ from mmdet3d.core.bbox import LiDARInstance3DBoxes
 from torch import Tensor
 
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
+from ..utils.box_frame import box_frame_offsets
 
 #: Metres around a ghost's box (BEV) within which a query's reference point is near it: the devkit's match distance.
 GHOST_MARGIN_M = 2.0
@@ -98,9 +99,6 @@ def near_boxes(xy: Tensor, boxes: Tensor, margin: float = GHOST_MARGIN_M) -> Ten
     """
     if boxes.dim() != 2 or boxes.shape[1] < BOX_COLUMNS:
         raise ValueError(f'boxes must be [G, >=7] (x, y, z, x_size, y_size, z_size, yaw), got {tuple(boxes.shape)}')
-    offset = xy[:, None, :2].to(boxes.dtype) - boxes[None, :, :2]  # [P, G, 2]
-    cos, sin = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
-    along = offset[..., 0] * cos + offset[..., 1] * sin
-    across = -offset[..., 0] * sin + offset[..., 1] * cos
+    along, across, _ = box_frame_offsets(xy[:, :2], boxes).unbind(-1)  # [P, G] each
     near = (along.abs() <= boxes[:, 3] / 2 + margin) & (across.abs() <= boxes[:, 4] / 2 + margin)
     return near.any(dim=1)

@@ -108,8 +108,8 @@ class CmtHead(BaseModule):
         lidar_aids (dict, optional): ``bev_aux_config``, a :class:`BevAuxHead` config (its ``in_channels``,
             ``num_classes`` and ``pc_range`` come from the head) trained on the BEV memory.
         train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values), ``grid_size``.
-        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` / ``'oracle'`` /
-            ``'oracle_objects'``).
+        test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` or an oracle of
+            ``query_router.ORACLE_TRUTHS``).
     """
 
     def __init__(self,

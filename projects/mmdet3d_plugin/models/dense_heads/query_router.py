@@ -20,8 +20,8 @@ which the head's config upgrade moves into its ``routing`` sub-config. Data flow
     -> (DecoderMemory with the bias, QueryRouting)
 
 Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` (or
-``'oracle_objects'``) replaces the learned weights at test time by the input's truth (:data:`TEST_ROUTINGS`): the
-headroom routing could add. New parameters live under ``aqr_weight_generator.`` and ``attention_bias_generator.``
+``'oracle_objects'``, ``'oracle_lies'``) replaces the learned weights at test time by the input's truth
+(:data:`ORACLE_TRUTHS`): the headroom routing could add. New parameters live under ``aqr_weight_generator.`` and ``attention_bias_generator.``
 (:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
 """
 from dataclasses import dataclass
@@ -41,16 +41,32 @@ from ..utils.positional_encoding import denormalize_points
 from .pass_plan import DecoderMemory
 
 MODULATIONS = ('attention_bias', 'feature')
-#: ``test_cfg['aqr_routing']``: the router's weights, or the input's truth (:func:`oracle_routing_weights`: LiDAR 1
-#: where a query's BEV window holds points, camera 1 where a live view sees its reference point), every point
-#: counting or only those above the local ground (``OBJECT_MIN_HEIGHT``).
-TEST_ROUTINGS = ('learned', 'oracle', 'oracle_objects')
-#: The oracle routings and the height above the local ground from which their LiDAR truth counts a point.
-ORACLE_MIN_HEIGHTS = dict(oracle=None, oracle_objects=OBJECT_MIN_HEIGHT)
+
+
+@dataclass(frozen=True)
+class OracleTruth:
+    """What an oracle routing takes for the input's truth (:func:`oracle_routing_weights`: LiDAR 1 where a query's
+    BEV window holds points, camera 1 where a live view sees its reference point).
+
+    Attributes:
+        min_height (float, optional): height above the local ground from which a point counts (None: every point).
+        lies (bool): a yawed view is no live view, and the LiDAR is 0 where it lies (misaligned, or a ghost
+            within ``GHOST_MARGIN_M`` of the query: :func:`lidar_untrusted`).
+    """
+
+    min_height: Optional[float] = None
+    lies: bool = False
+
+
+#: The oracle routings of ``test_cfg['aqr_routing']``.
+ORACLE_TRUTHS = dict(oracle=OracleTruth(), oracle_objects=OracleTruth(OBJECT_MIN_HEIGHT),
+                     oracle_lies=OracleTruth(OBJECT_MIN_HEIGHT, lies=True))
+#: ``test_cfg['aqr_routing']``: the router's weights, or one of the oracles' truths.
+TEST_ROUTINGS = ('learned', *ORACLE_TRUTHS)
 
 
 def routing_mode(test_cfg: Optional[dict], owner: str = 'CmtHead') -> str:
-    """``test_cfg['aqr_routing']``: ``'learned'`` (default), ``'oracle'`` or ``'oracle_objects'``."""
+    """``test_cfg['aqr_routing']``: ``'learned'`` (default) or an oracle (:data:`ORACLE_TRUTHS`)."""
     routing = (test_cfg or {}).get('aqr_routing', 'learned')
     if routing not in TEST_ROUTINGS:
         raise ValueError(f"{owner}: test_cfg['aqr_routing'] must be one of {TEST_ROUTINGS}, got {routing!r}")
@@ -176,7 +192,7 @@ class QueryRouter:
     def oracle_routing(self, test_cfg: Optional[dict], owner: str = 'CmtHead') -> Optional[str]:
         """The oracle routing that replaces the learned weights in testing (``test_cfg['aqr_routing']``), or None."""
         routing = routing_mode(test_cfg, owner)
-        return routing if self.enabled and routing in ORACLE_MIN_HEIGHTS else None
+        return routing if self.enabled and routing in ORACLE_TRUTHS else None
 
     def uses_oracle(self, test_cfg: Optional[dict], owner: str = 'CmtHead') -> bool:
         """Whether testing replaces the learned weights by the input's truth (``test_cfg['aqr_routing']``)."""
@@ -205,7 +221,7 @@ class QueryRouter:
                 and the dead views for the oracle and the unmatched queries' targets).
             geometry (CameraGeometry): the batch's cameras (:meth:`CameraGeometry.from_metas`).
             num_dn (int): DN queries at the front.
-            oracle (str, optional): an oracle routing (``'oracle'``, ``'oracle_objects'``): the input's truth
+            oracle (str, optional): an oracle routing (a key of :data:`ORACLE_TRUTHS`): the input's truth
                 instead of the learned weights.
 
         Returns:
@@ -220,14 +236,17 @@ class QueryRouter:
             bev_pos=memory.bev_pos, img_pos=memory.rv_pos)
         bev_shape, camera_shape = memory.grid_shapes()
         if oracle:
+            truth = ORACLE_TRUTHS[oracle]
             lidar_weights, camera_weights = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas,
-                                                                 ORACLE_MIN_HEIGHTS[oracle])
+                                                                 truth.min_height, truth.lies)
+            if truth.lies:
+                untrusted = self._lidar_untrusted(reference_points[:, num_dn:], img_metas, lies=True)
+                lidar_weights = lidar_weights.masked_fill(untrusted, 0.0)
         routing = QueryRouting(lidar_weights, camera_weights, info, img_metas, geometry)
         if self.weight_generator.training and self.weight_generator.with_unmatched_targets:
             lies = self.weight_generator.lie_targets
             oracle_lidar, oracle_camera = self._oracle_weights(info, bev_shape, camera_shape[0], img_metas, None, lies)
-            reference_xyz = denormalize_points(reference_points[:, num_dn:].detach(), self.pc_range)
-            untrusted = torch.stack([lidar_untrusted(xyz, meta, lies) for xyz, meta in zip(reference_xyz, img_metas)])
+            untrusted = self._lidar_untrusted(reference_points[:, num_dn:], img_metas, lies)
             routing.unmatched_targets = unmatched_query_targets(oracle_lidar, oracle_camera, untrusted)
         if self.modulates_features:
             bev_feat, img_feat = self.feature_modulation(lidar_weights, camera_weights, info, bev_feat, img_feat,
@@ -236,6 +255,11 @@ class QueryRouter:
         bias = self.bias_generator(lidar_weights, camera_weights, info, bev_shape, camera_shape, num_dn_queries=num_dn,
                                    feature_dtype=bev_feat.dtype)
         return memory._replace(cross_attn_bias=bias), routing
+
+    def _lidar_untrusted(self, reference_points: Tensor, img_metas: Sequence[dict], lies: bool) -> Tensor:
+        """``[bs, Q]`` bool: where each sample's LiDAR gives a query (normalised ``[bs, Q, 3]``) no truth."""
+        reference_xyz = denormalize_points(reference_points.detach(), self.pc_range)
+        return torch.stack([lidar_untrusted(xyz, meta, lies) for xyz, meta in zip(reference_xyz, img_metas)])
 
     def _oracle_weights(self, info: Dict[str, Tensor], bev_shape: Tuple[int, int], num_views: int,
                         img_metas: Sequence[dict], min_height: Optional[float],
