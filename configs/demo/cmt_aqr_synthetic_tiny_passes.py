@@ -12,11 +12,6 @@
 # learns only from samples with images, and the fused pass need not learn to detect without points, since a frame
 # without them goes to the camera pass (the base's 25 % of point-less samples cost it clean mAP and robustness to
 # losing its cameras). The fused pass never trains without cameras, so it loses when they fail (camera_drop).
-# * boxes that point the right way: a dense heading (and heatmap, velocity) target on the BEV memory at each
-#   object's centre cell (BevAuxHead, CenterPoint's targets), whose heading map also gives the fused pass's boxes
-#   their yaw at inference (heading_at_inference), and the box-axis term in the decoder's loss (heading_axis_weight):
-#   CMT's decoder reads the BEV features through attention and, in 12 epochs, learns no heading from its L1 on
-#   (sin, cos) alone (docs/demo.md, "Heading and velocity").
 # The effect of each change: docs/results.md.
 # For the 20-minute budget of make demo (the second pass makes a step dearer) the recipe is written for
 # 2 data-parallel processes of 2 samples (demo_processes: tools/demo.py starts them on a CPU machine with 2 cores,
@@ -67,6 +62,4 @@ model = dict(
         modality_passes=('fused', 'camera'),
         pass_decoders='separate',
         lidar_free_pass='camera',
-        camera_window_prior=dict(window_size=5, bias=4.0),
-        bev_aux_config=dict(type='BevAuxHead', heading_at_inference=True)),
-    train_cfg=dict(pts=dict(heading_axis_weight=2.0)))
+        camera_window_prior=dict(window_size=5, bias=4.0)))
