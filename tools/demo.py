@@ -46,6 +46,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--scenes', type=int, default=100, help='synthetic scenes (a fifth of them for validation)')
     parser.add_argument('--samples', type=int, default=2, help='key frames per scene')
     parser.add_argument('--seed', type=int, default=0, help='seed of the data generator and of training')
+    parser.add_argument('--front-intensity-offset', type=float,
+                        help='LiDAR intensity added to every object\'s front part in the generated data (default: '
+                             + ', '.join(f'{offset:g} for {model}' for model, offset in FRONT_INTENSITY_OFFSETS.items())
+                             + ', 0 for the others)')
     parser.add_argument('--processes', type=int,
                         help="data-parallel training processes, each of the config's samples_per_gpu; default: the "
                              "config's demo_processes on a machine without a GPU that has as many cores, else 1")
@@ -55,8 +59,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
+    offset = args.front_intensity_offset
     dataset = DemoDataset(args.data_root, args.scenes, args.samples, args.seed, GENERATOR_VERSION,
-                          FRONT_INTENSITY_OFFSETS.get(args.model, 0.0))
+                          FRONT_INTENSITY_OFFSETS.get(args.model, 0.0) if offset is None else offset)
     run_demo(args.model, dataset, args.work_dir, args.epochs, args.processes, args.cfg_options,
              args.sensor_failure_epochs)
 
