@@ -1,7 +1,8 @@
 # CMT-AQR: the two commands of README.md.
 #   make demo   set up the environment, then run the end-to-end synthetic demo
 #               (MODEL=cmt for the baseline, MODEL=cmt_camera for the camera-only model,
-#               MODEL=cmt_aqr_fused for CMT-AQR without its camera pass,
+#               MODEL=cmt_aqr_fused for CMT-AQR without its camera pass, MODEL=cmt_aqr_heading for
+#               CMT-AQR with the heading aids,
 #               DEMO_ARGS='--epochs 12' etc. for tools/demo.py)
 #   make test   set up the environment, then run the test suite
 #   make study  set up the environment, then run the robustness study CMT vs CMT-AQR vs a control

@@ -21,7 +21,7 @@ from tools.data_converter.synthetic.generator import PRESETS, SyntheticConfig, g
 OPTION_FIELDS = dict(root='root', version='version', scenes='num_scenes', samples='samples_per_scene',
                      sweeps='sweeps_per_sample', seed='seed', image_size='image_size', objects='objects_per_scene',
                      lidar_beams='lidar_beams', lidar_azimuths='lidar_azimuths', object_range='object_range',
-                     val_scenes='num_val_scenes')
+                     val_scenes='num_val_scenes', front_intensity_offset='front_intensity_offset')
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--object-range', type=float, default=48.0,
                         help='objects stay within this distance (|x|, |y|, metres) of the ego in every frame; '
                         'keep it below the point-cloud range of the model that trains on the set')
+    parser.add_argument('--front-intensity-offset', type=float, default=0.0,
+                        help='LiDAR intensity added to every object\'s front part (a retro-reflective front that '
+                        'shows its heading; default 0: none)')
     parser.add_argument('--seed', type=int, default=0, help='random seed (output is deterministic)')
     parser.add_argument('--quiet', action='store_true', help='no per-scene progress lines')
     preset = parser.parse_known_args(argv)[0].preset

@@ -42,12 +42,22 @@ def test_the_sensor_failure_fine_tune_trains_the_demo_config_on_failures_from_it
 
 
 def test_only_cmt_aqr_fine_tunes_on_sensor_failures_by_default_and_a_negative_count_is_refused():
-    assert [fine_tune_epochs(model, None) for model in ('cmt_aqr', 'cmt_aqr_fused', 'cmt', 'cmt_camera')] == [
-        SENSOR_FAILURE_EPOCHS['cmt_aqr'], 0, 0, 0]
+    assert [fine_tune_epochs(model, None) for model in ('cmt_aqr', 'cmt_aqr_heading', 'cmt_aqr_fused', 'cmt',
+                                                        'cmt_camera')] == [SENSOR_FAILURE_EPOCHS['cmt_aqr']] * 2 + [0] * 3
     assert SENSOR_FAILURE_EPOCHS['cmt_aqr'] == 4
     assert fine_tune_epochs('cmt_aqr', 0) == 0 and fine_tune_epochs('cmt', 2) == 2
     with pytest.raises(SystemExit, match='--sensor-failure-epochs must be >= 0'):
         fine_tune_epochs('cmt_aqr', -1)
+
+
+def test_a_front_intensity_offset_is_a_generator_option_of_the_heading_models_data_only():
+    plain = demo_pipeline.DemoDataset('data/x', 100, 2, 0, '3')
+    bright = demo_pipeline.DemoDataset('data/x', 100, 2, 0, '3', front_intensity_offset=40.0)
+    assert '--front-intensity-offset' not in plain.generator_arguments(), 'the default sets keep their stamp'
+    assert bright.generator_arguments() == plain.generator_arguments() + ['--front-intensity-offset', '40.0']
+    assert bright.stamp() != plain.stamp()
+    assert demo_pipeline.FRONT_INTENSITY_OFFSETS == dict(cmt_aqr_heading=40.0)
+    assert set(demo_pipeline.FRONT_INTENSITY_OFFSETS) <= set(demo_pipeline.CONFIGS)
 
 
 def test_latest_metrics_are_of_the_newest_evaluation_and_not_older_than_the_checkpoint(tmp_path):

@@ -163,15 +163,18 @@ def test_object_range_bounds_every_annotation_in_the_ego_frame(tmp_path):
                                                     object_range=5.0), log=None)
 
 
-def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthetic_nuscenes):
-    """In the info files' LiDAR boxes, the points in the front part reach higher than those in the rear part."""
+def front_and_rear(root: str):
+    """Over the info files' LiDAR boxes: how many were checked, the share whose front part's points reach higher than
+    the rear part's, and per box the front part's mean intensity minus the rear part's."""
     import pickle
     taller_front = checked = 0
+    brighter = []
     for split in ('train', 'val'):
-        with open(osp.join(synthetic_nuscenes, f'nuscenes_infos_{split}.pkl'), 'rb') as f:
+        with open(osp.join(root, f'nuscenes_infos_{split}.pkl'), 'rb') as f:
             infos = pickle.load(f)['infos']
         for info in infos:
-            xyz = np.fromfile(info['lidar_path'], dtype=np.float32).reshape(-1, 5)[:, :3]
+            points = np.fromfile(info['lidar_path'], dtype=np.float32).reshape(-1, 5)
+            xyz, intensity = points[:, :3], points[:, 3]
             for x, y, z, length, width, height, yaw in info['gt_boxes'][:, :7]:
                 offset = xyz - [x, y, z]  # z: the box's gravity centre
                 along = offset[:, 0] * np.cos(yaw) + offset[:, 1] * np.sin(yaw)
@@ -182,8 +185,37 @@ def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthe
                     continue
                 checked += 1
                 taller_front += offset[front, 2].max() > offset[rear, 2].max() + 0.2 * height
-    assert checked >= 8
-    assert taller_front / checked > 0.8
+                front_part, rear_part = inside & (along > 0.15 * length), inside & (along < 0)
+                if front_part.sum() >= 5 and rear_part.sum() >= 5:
+                    brighter.append(intensity[front_part].mean() - intensity[rear_part].mean())
+    return checked, taller_front / max(checked, 1), np.array(brighter)
+
+
+@pytest.fixture(scope='module')
+def bright_front_nuscenes(tmp_path_factory) -> str:
+    """The ``synthetic_nuscenes`` set made with ``--front-intensity-offset 40``."""
+    from tools import create_data, make_synthetic_nuscenes
+    root = str(tmp_path_factory.mktemp('bright_front'))
+    make_synthetic_nuscenes.main(['--root', root, '--version', 'v1.0-mini', '--scenes', '2', '--val-scenes', '1',
+                                  '--samples', '2', '--sweeps', '1', '--image-size', '320', '180', '--lidar-beams', '16',
+                                  '--lidar-azimuths', '360', '--front-intensity-offset', '40', '--quiet'])
+    create_data.main(['nuscenes', '--root-path', root, '--out-dir', root, '--extra-tag', 'nuscenes', '--version',
+                      'v1.0-mini'])
+    return root
+
+
+def test_lidar_shows_the_heading_as_a_taller_front_in_the_converted_boxes(synthetic_nuscenes):
+    """In the info files' LiDAR boxes, the points in the front part reach higher than those in the rear part; front
+    and rear are equally bright by default."""
+    checked, taller, brighter = front_and_rear(synthetic_nuscenes)
+    assert checked >= 8 and taller > 0.8
+    assert len(brighter) >= 8 and abs(np.median(brighter)) < 5.0
+
+
+def test_a_front_intensity_offset_makes_the_front_brighter_by_it(bright_front_nuscenes):
+    checked, taller, brighter = front_and_rear(bright_front_nuscenes)
+    assert checked >= 8 and taller > 0.8
+    assert len(brighter) >= 8 and np.median(brighter) == pytest.approx(40.0, abs=8.0)
 
 
 def test_cameras_show_the_heading_as_a_white_front_face():
@@ -217,6 +249,8 @@ def test_object_parts_fill_the_annotated_box():
                    intensities=np.array([50.0]))
     parts, owner, is_front = object_parts(boxes)
     assert owner.tolist() == [0, 0] and is_front.tolist() == [True, False]
+    assert parts.intensities.tolist() == [50.0, 50.0]
+    assert object_parts(boxes, front_intensity_offset=40.0)[0].intensities.tolist() == [90.0, 50.0]
     front, rear = parts.centers
     assert np.allclose(front, [3.0, -2.0 + (5.0 - 5.0 * FRONT_LENGTH_SHARE) / 2, 1.0])  # heading +y: front at +y
     assert np.allclose(parts.lwh, [[5.0 * FRONT_LENGTH_SHARE, 2.0, 2.0],

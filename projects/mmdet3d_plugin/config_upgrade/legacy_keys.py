@@ -30,6 +30,7 @@ HEAD_GROUPS: Dict[str, tuple] = dict(
              'feature_modulator_config'),
     passes=('modalities', 'modality_passes', 'pass_decoders', 'lidar_free_pass', 'camera_free_pass'),
     camera_aids=('image_aux_config', 'camera_depth_position', 'camera_window_prior', 'fused_image_drop_prob'),
+    lidar_aids=('bev_aux_config', ),
 )
 #: the design notes' head keys that have another form here
 HEAD_RENAMED_KEYS: Dict[str, LegacyKey] = dict(

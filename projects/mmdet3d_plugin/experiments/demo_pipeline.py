@@ -37,8 +37,12 @@ from .tool_runner import run_tool, run_training, train_command, training_process
 # cmt_aqr: CMT-AQR with a camera decoding pass (its cameras detect alone); cmt_aqr_fused: the same detector
 # decoding the fused pass only (the robustness study's stage-1 base).
 CONFIGS = dict(cmt_aqr='configs/demo/cmt_aqr_synthetic_tiny_passes.py',
+               cmt_aqr_heading='configs/demo/cmt_aqr_synthetic_tiny_passes_heading.py',
                cmt_aqr_fused='configs/demo/cmt_aqr_synthetic_tiny.py', cmt='configs/demo/cmt_synthetic_tiny.py',
                cmt_camera='configs/demo/cmt_camera_synthetic_tiny.py')
+#: The demo models whose data differs from the others': the LiDAR intensity added to every object's front part
+#: (``make_synthetic_nuscenes.py --front-intensity-offset``), the cue that tells the heading model front from back.
+FRONT_INTENSITY_OFFSETS = dict(cmt_aqr_heading=40.0)
 # v1.0-trainval: its official scene names allow more than the 10 scenes of v1.0-mini.
 DEMO_VERSION = 'v1.0-trainval'
 # The demo configs detect within +-25.6 m of the ego; objects stay inside with room for their size.
@@ -48,7 +52,7 @@ SUMMARY_METRICS = ('mAP', 'NDS', 'mATE', 'mASE', 'mAOE', 'mAVE', 'mAAE')
 #: The demo models that end with a fine-tune on sensor failures, and its epochs (``tools/demo.py
 #: --sensor-failure-epochs``, 0 leaves it out): CMT-AQR trained without a failure loses much of its mAP without its
 #: cameras, and a short fine-tune on failures brings it close to the LiDAR-only model (docs/results.md).
-SENSOR_FAILURE_EPOCHS = dict(cmt_aqr=4)
+SENSOR_FAILURE_EPOCHS = dict(cmt_aqr=4, cmt_aqr_heading=4)
 #: The fine-tune's learning rate, as a fraction of the demo config's (same schedule): the full rate, restarted
 #: after the cosine schedule has ended, costs clean mAP.
 SENSOR_FAILURE_LR_SCALE = 0.3
@@ -82,6 +86,7 @@ class DemoDataset:
         generator_version (str): ``GENERATOR_VERSION`` of
             ``tools/data_converter/synthetic/generator.py``, given by the tool (the plugin never imports tools/):
             a set made by another version is made again.
+        front_intensity_offset (float): LiDAR intensity added to every object's front part (0: none).
     """
 
     data_root: str
@@ -89,12 +94,15 @@ class DemoDataset:
     samples: int
     seed: int
     generator_version: str
+    front_intensity_offset: float = 0.0
 
     def generator_arguments(self) -> List[str]:
         """The generator's options; the demo config reads 384 x 216 images and 3 sweeps."""
         return ['--root', self.data_root, '--version', DEMO_VERSION, '--scenes', str(self.scenes), '--samples',
                 str(self.samples), '--seed', str(self.seed), '--image-size', '384', '216', '--lidar-azimuths', '360',
-                '--sweeps', '3', '--object-range', str(OBJECT_RANGE_M)]
+                '--sweeps', '3', '--object-range', str(OBJECT_RANGE_M)] + (
+                    ['--front-intensity-offset', str(self.front_intensity_offset)] if self.front_intensity_offset
+                    else [])
 
     def stamp(self) -> dict:
         """What identifies the set: the generator's version and options, and create_data's options."""

@@ -82,6 +82,7 @@ class SyntheticConfig:
         object_range: bound on |x| and |y| of object centres in the ego frame at every
             frame, in metres (48 fills a +-51.2 m detection range; a smaller demo range
             needs a smaller bound).
+        front_intensity_offset: LiDAR intensity added to every object's front part (``shape.py``; 0: none).
     """
 
     root: str
@@ -96,6 +97,7 @@ class SyntheticConfig:
     lidar_beams: int = 32
     lidar_azimuths: int = 720
     object_range: float = 48.0
+    front_intensity_offset: float = 0.0
 
 
 #: Generator settings by preset name (``tools/make_synthetic_nuscenes.py --preset``): ``nuscenes-mini`` is shaped
@@ -246,7 +248,7 @@ class _SceneWriter:
         pose = self._ego_pose(ego, t, LIDAR_CHANNEL)
         lidar2global = pose_matrix(pose['translation'], pose['rotation']) @ pose_matrix(
             calib['translation'], calib['rotation'])
-        parts, owner, _ = object_parts(self._boxes_at(objects, t))
+        parts, owner, _ = object_parts(self._boxes_at(objects, t), self.cfg.front_intensity_offset)
         scan = cast_scan(lidar2global[:3, 3], self.ray_dirs @ lidar2global[:3, :3].T, self.ray_ring, parts,
                          LIDAR_MAX_RANGE, self.rng, owner=owner)
         local = (scan.points - lidar2global[:3, 3]) @ lidar2global[:3, :3]

@@ -4,7 +4,9 @@ A symmetric cuboid looks the same from the front and from the back, so a detecto
 cannot learn its heading. Every synthetic object is therefore two boxes that fill
 its annotated box exactly in x-y and height: the front :data:`FRONT_LENGTH_SHARE`
 of its length at full height, the rest at :data:`REAR_HEIGHT_SHARE` of it. The
-LiDAR sees the step in height, and the cameras see the front face in
+LiDAR sees the step in height (and, with ``front_intensity_offset``, a brighter,
+retro-reflective front: one 0.4 m pillar shows it, where the step in height needs a
+comparison across cells), and the cameras see the front face in
 :data:`FRONT_FACE_BGR`. The annotation stays the object's full bounding box,
 heading along its length axis towards the tall front.
 """
@@ -22,11 +24,12 @@ REAR_HEIGHT_SHARE = 0.6
 FRONT_FACE_BGR = (255, 255, 255)
 
 
-def object_parts(boxes: BoxSet) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
+def object_parts(boxes: BoxSet, front_intensity_offset: float = 0.0) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
     """The two boxes of every object.
 
     Args:
         boxes: ``B`` objects (box centres, full length / width / height, headings).
+        front_intensity_offset: LiDAR intensity added to the front parts (the rear keeps its object's).
 
     Returns:
         tuple: the parts (a :class:`BoxSet` of ``2 * B`` boxes: object ``b``'s
@@ -46,7 +49,7 @@ def object_parts(boxes: BoxSet) -> Tuple[BoxSet, np.ndarray, np.ndarray]:
         lwh=np.stack([np.stack([front_length, width, height], 1), np.stack([rear_length, width, rear_height], 1)],
                      axis=1).reshape(-1, 3),
         yaws=np.repeat(boxes.yaws, 2),
-        intensities=np.repeat(boxes.intensities, 2))
+        intensities=np.stack([boxes.intensities + front_intensity_offset, boxes.intensities], 1).reshape(-1))
     owner = np.repeat(np.arange(len(boxes)), 2)
     is_front = np.tile([True, False], len(boxes))
     return parts, owner, is_front

@@ -13,7 +13,8 @@ one of upstream CMT / PETR (checkpoints were trained with it)::
 
 Sizes must be positive: ``log`` of a non-positive size is ``-inf``/``nan``.
 Callers that can meet degenerate ground truth filter the rows with
-``torch.isfinite(code).all(-1)`` (as CMT's losses do).
+``torch.isfinite(code).all(-1)`` (as CMT's losses do). :func:`heading_axis`
+maps the ``(sin, cos)`` columns to the box axis (a heading and its reverse alike).
 """
 from typing import Optional, Sequence
 
@@ -74,3 +75,20 @@ def denormalize_bbox(normalized_bboxes: torch.Tensor, pc_range: Optional[Sequenc
     if normalized_bboxes.size(-1) == 10:
         parts.append(normalized_bboxes[..., 8:10])
     return torch.cat(parts, dim=-1)
+
+
+#: softens :func:`heading_axis` of predictions near ``(0, 0)``, where the axis is undefined
+AXIS_EPS = 0.01
+
+
+def heading_axis(sin_cos: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """``[n, 2]`` ``(sin 2a, cos 2a)`` of the angle ``a`` of ``[n, 2]`` ``(sin, cos)`` values (not necessarily unit).
+
+    The box's axis: equal for a heading and its reverse. CMT's L1 on ``(sin, cos)`` cannot reward the axis on its
+    own: while front and back are undecided, the best ``(sin, cos)`` for a heading ``a`` or ``a + pi`` is any point
+    between the two, whatever ``a`` is, so a model learns the axis only together with the front. ``eps`` is added
+    to ``sin^2 + cos^2`` (predictions start near 0).
+    """
+    sin, cos = sin_cos.unbind(-1)
+    norm = sin * sin + cos * cos + eps
+    return torch.stack((2 * sin * cos, cos * cos - sin * sin), dim=-1) / norm[..., None]

@@ -7,7 +7,7 @@ memory of tokens and turns the decoder's outputs into per-task box predictions. 
   keys, decoder and bias;
 * :class:`QueryRouter` (``routing``): AQR's per-query modality weights -> an ``AttentionBias``;
 * :class:`CameraAids` (``camera_aids``): the image aux head, depth-aware camera positions, the camera window
-  prior, black camera views for the fused pass;
+  prior, black camera views for the fused pass; ``lidar_aids``: the BEV memory's :class:`BevAuxHead`;
 * :class:`PositionEmbedding`: the BEV, camera and query position embeddings;
 * :class:`DetectionLoss` (``losses``, ``denoising``): matched focal + L1 losses and the DN losses of every pass.
 
@@ -25,6 +25,7 @@ Parameter names (``shared_conv``, ``transformer``, ``reference_points``, ``bev_e
 ``task_heads``) and the regression layout equal upstream CMT's, so published checkpoints load.
 """
 import copy
+import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -43,6 +44,7 @@ from ...utils.host_data import device_constant, host_to_device
 from ..utils.camera_blanking import FusedBlankViews
 from ..utils.camera_geometry import CameraGeometry
 from ..utils.denoising import DenoisingConfig, DenoisingQueries
+from .bev_aux_head import BEV_AUX_PREFIX
 from .camera_aids import CameraAids
 from .cmt_head_loss import DetectionLoss
 from .head_outputs import HeadOutputs, PassOutputs, TaskPredictions, fp32_predictions
@@ -103,6 +105,8 @@ class CmtHead(BaseModule):
             ``modality_passes``, ``pass_decoders``, ``lidar_free_pass``, ``camera_free_pass``).
         camera_aids (dict, optional): :class:`CameraAids` (``image_aux_config``,
             ``camera_depth_position``, ``camera_window_prior``, ``fused_image_drop_prob``).
+        lidar_aids (dict, optional): ``bev_aux_config``, a :class:`BevAuxHead` config (its ``in_channels``,
+            ``num_classes`` and ``pc_range`` come from the head) trained on the BEV memory.
         train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values), ``grid_size``.
         test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` or an oracle of
             ``query_router.ORACLE_TRUTHS``).
@@ -122,6 +126,7 @@ class CmtHead(BaseModule):
                  routing: Optional[dict] = None,
                  passes: Optional[dict] = None,
                  camera_aids: Optional[dict] = None,
+                 lidar_aids: Optional[dict] = None,
                  train_cfg: Optional[dict] = None,
                  test_cfg: Optional[dict] = None) -> None:
         name = type(self).__name__
@@ -170,6 +175,16 @@ class CmtHead(BaseModule):
                                       pass_plan=self.pass_plan, pc_range=self.pc_range,
                                       modulates_features=self.router.modulates_features, head_name=name)
         self._register(self.camera_aids.modules)
+        self.bev_aux_head = self._build_bev_aux_head(**(lidar_aids or {}))
+
+    def _build_bev_aux_head(self, bev_aux_config: Optional[dict] = None) -> Optional[nn.Module]:
+        if bev_aux_config is None:
+            return None
+        if not self.pass_plan.uses_lidar:
+            raise ValueError(f'{type(self).__name__} has no BEV memory: lidar_aids.bev_aux_config needs a head '
+                             f'with LiDAR tokens')
+        return build_head(dict(bev_aux_config, in_channels=self.hidden_dim, num_classes=sum(self.num_classes),
+                               pc_range=self.pc_range))
 
     def _register(self, modules: Dict[str, Optional[nn.Module]]) -> None:
         """Register a part's modules on the head under the names checkpoints use (None: an absent module)."""
@@ -279,11 +294,18 @@ class CmtHead(BaseModule):
             passes = {modality_pass.name: PassOutputs(decode(modality_pass, cameras.single_modality(fused)),
                                                       trained_samples(modality_pass, img_metas))
                       for modality_pass in self.pass_plan.passes[1:]}
-            return HeadOutputs(tasks, dn_queries, routing, passes, cameras.image_aux, cameras.fused_black_samples)
+            bev_aux = self.bev_aux_head(bev_feat, img_metas) if self.bev_aux_head is not None else None
+            return HeadOutputs(tasks, dn_queries, routing, passes, cameras.image_aux, cameras.fused_black_samples,
+                               bev_aux)
+        fused_samples = [True] * len(img_metas)
         for modality_pass, samples in self.pass_plan.inference_passes(img_metas)[1:]:
             tasks = merge_sample_predictions(tasks, decode(modality_pass, fused),
                                              host_to_device(samples, reference_points.device))
-        return HeadOutputs(tasks, routing=routing)
+            fused_samples = [kept and not taken for kept, taken in zip(fused_samples, samples)]
+        bev_aux = None
+        if self.bev_aux_head is not None and self.bev_aux_head.heading_at_inference:
+            bev_aux = dataclasses.replace(self.bev_aux_head(bev_feat, img_metas), trained=tuple(fused_samples))
+        return HeadOutputs(tasks, routing=routing, bev_aux=bev_aux)
 
     def _features(self, pts_feats: Sequence[Optional[Tensor]], img_feats: Sequence[Optional[Tensor]],
                   img_metas: Sequence[dict], fused_blank_views: Optional[FusedBlankViews]
@@ -366,7 +388,7 @@ class CmtHead(BaseModule):
     # ------------------------------------------------------------------ losses and boxes
     def loss(self, gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor], outputs: HeadOutputs,
              gt_num_points: Optional[Sequence[Tensor]] = None) -> Dict[str, Tensor]:
-        """Detection losses of every pass (:class:`DetectionLoss`), AQR's routing losses and the camera aids'.
+        """Detection losses of every pass (:class:`DetectionLoss`), AQR's routing losses and the aids'.
 
         Args:
             gt_bboxes_3d (Sequence[LiDARInstance3DBoxes]): per sample, with velocity.
@@ -382,6 +404,10 @@ class CmtHead(BaseModule):
                                        type(self).__name__))
         losses.update(self.camera_aids.loss(outputs.image_aux, outputs.fused_black_samples, gt_bboxes_3d,
                                             gt_labels_3d, outputs[0][0]['cls_logits'].device))
+        if outputs.bev_aux is not None:
+            losses.update({BEV_AUX_PREFIX + name: value
+                           for name, value in self.bev_aux_head.loss(outputs.bev_aux, gt_bboxes_3d,
+                                                                     gt_labels_3d).items()})
         return losses
 
     @force_fp32(apply_to=())  # autocast off with fp16_enabled, as for CMT's loss; the outputs cast themselves
@@ -401,11 +427,19 @@ class CmtHead(BaseModule):
             img, rescale: unused (mmdet3d's interface).
 
         Returns:
-            list[list]: per sample ``[boxes (box_type_3d, bottom centre, 9-dim), scores [N], labels [N]]``.
+            list[list]: per sample ``[boxes (box_type_3d, bottom centre, 9-dim), scores [N], labels [N]]``; with
+            ``BevAuxHead(heading_at_inference=True)`` the boxes of samples with points take the yaw of its heading
+            map at their centre.
         """
         results = []
-        for meta, decoded in zip(img_metas, self.bbox_coder.decode(fp32_predictions(preds_dicts))):
+        decoded_samples = self.bbox_coder.decode(fp32_predictions(preds_dicts))
+        bev_aux = getattr(preds_dicts, 'bev_aux', None)
+        if bev_aux is not None:
+            yaws = self.bev_aux_head.heading_at(bev_aux, [decoded['bboxes'][:, :2] for decoded in decoded_samples])
+        for index, (meta, decoded) in enumerate(zip(img_metas, decoded_samples)):
             bboxes = decoded['bboxes'].clone()
+            if bev_aux is not None and bev_aux.trained[index]:
+                bboxes[:, 6] = yaws[index]
             bboxes[:, 2] = bboxes[:, 2] - bboxes[:, 5] * 0.5
             box_type = meta.get('box_type_3d', LiDARInstance3DBoxes)
             results.append([box_type(bboxes, box_dim=bboxes.size(-1)), decoded['scores'], decoded['labels']])

@@ -6,7 +6,8 @@ For every decoder layer and every task head:
   (``HungarianAssigner3D``); the focal classification loss covers all queries (unmatched ones are background)
   and is averaged over ``max(num_pos + 0.1 * num_neg, 1)``; the L1 loss compares the matched queries' 10-value
   codes with :func:`normalize_bbox` of their boxes, weighted by ``train_cfg['code_weights']`` and averaged over
-  ``num_pos``.
+  ``num_pos``; with ``train_cfg['heading_axis_weight'] > 0`` it also compares the box axis,
+  :func:`heading_axis` of the predicted and true ``(sin, cos)`` (see there).
 * **DN loss** (training with denoising queries): each DN query is compared with the box it was made from, the
   classification averaged over ``M * pi / 6 * split^3`` (the expected number of positive copies, as in upstream
   CMT) and the L1 loss over the number of DN targets (averaged over GPUs). A batch without any ground-truth box
@@ -31,7 +32,7 @@ from mmdet.core import build_assigner, reduce_mean
 from mmdet.models.builder import build_loss
 from torch import Tensor, nn
 
-from ...core.bbox.util import normalize_bbox
+from ...core.bbox.util import AXIS_EPS, heading_axis, normalize_bbox
 from ...utils.host_data import device_constant, host_to_device
 from ..utils.denoising import DenoisingConfig, DenoisingQueries
 from .head_outputs import HeadOutputs
@@ -87,7 +88,8 @@ class DetectionLoss(nn.Module):
         num_classes (Sequence[int]): classes of each task (global classes in task order).
         loss_cls (dict): classification loss config (sigmoid focal loss).
         loss_bbox (dict): regression loss config (L1).
-        train_cfg (dict, optional): ``assigner`` and ``code_weights`` (10 values); None: no losses.
+        train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values) and optionally
+            ``heading_axis_weight`` (default 0: upstream CMT's loss); None: no losses.
         denoising (DenoisingConfig): the DN options (``scalar > 0``: DN losses; ``split``, ``dn_weight``).
         head_name (str): for the error messages.
     """
@@ -131,6 +133,10 @@ class DetectionLoss(nn.Module):
             offsets.append(start)
             start += count
         return offsets
+
+    @property
+    def heading_axis_weight(self) -> float:
+        return float((self.train_cfg or {}).get('heading_axis_weight', 0.0))
 
     def _code_weights(self, like: Tensor) -> Tensor:
         if not self.train_cfg or 'code_weights' not in self.train_cfg:
@@ -285,16 +291,22 @@ class DetectionLoss(nn.Module):
 
     def _code_l1_loss(self, pred_codes: Tensor, gt_boxes: Tensor, avg_factor: float,
                       target_weights: Optional[Tensor] = None) -> Tensor:
-        """L1 between ``[n, 10]`` predicted codes and the codes of ``[n, 9]`` boxes, non-finite targets skipped.
+        """L1 between ``[n, 10]`` predicted codes and the codes of ``[n, 9]`` boxes, non-finite targets skipped,
+        plus the heading-axis term when ``heading_axis_weight > 0``.
 
         ``target_weights`` (``[n]``, optional) scales each box's code weights.
         """
         target = normalize_bbox(gt_boxes)
         finite = rows_where(torch.isfinite(target).all(dim=-1))
-        weights = self._code_weights(pred_codes).expand_as(pred_codes)
-        if target_weights is not None:
-            weights = weights * target_weights[:, None]
-        return self.loss_bbox(pred_codes.index_select(0, finite), target[finite], weights[finite], avg_factor=avg_factor)
+        pred_codes, target = pred_codes.index_select(0, finite), target[finite]
+        box_weights = torch.ones_like(target[:, 0]) if target_weights is None else target_weights[finite]
+        weights = self._code_weights(pred_codes).expand_as(pred_codes) * box_weights[:, None]
+        loss = self.loss_bbox(pred_codes, target, weights, avg_factor=avg_factor)
+        if self.heading_axis_weight > 0:
+            axis_weights = (self.heading_axis_weight * box_weights)[:, None].expand(-1, 2)
+            loss = loss + self.loss_bbox(heading_axis(pred_codes[:, 6:8], AXIS_EPS), heading_axis(target[:, 6:8]),
+                                         axis_weights, avg_factor=avg_factor)
+        return loss
 
     def _layer_dn_loss(self, preds_dicts, dn_queries: Optional[DenoisingQueries], layer: int, num_targets: int,
                        bbox_avg_factor: float, target_weights: Optional[Tensor]) -> Tuple[Tensor, Tensor]:

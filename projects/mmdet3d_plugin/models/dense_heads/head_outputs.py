@@ -17,6 +17,8 @@ DN query slots, ``C_t`` the classes of a task):
 * ``passes``: in training, ``{pass name: PassOutputs}`` of the
   single-modality decoding passes (same layout; ``trained_samples`` per sample).
 * ``image_aux``: in training with an ``ImageAuxHead``, its :class:`ImageAuxOutputs`.
+* ``bev_aux``: in training with a ``BevAuxHead`` (and at inference with its ``heading_at_inference``), its
+  :class:`BevAuxOutputs`.
 * ``fused_black_samples``: with ``fused_image_drop_prob``, per sample whether
   the fused pass saw black camera views.
 """
@@ -27,6 +29,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from torch import Tensor
 
 from ..utils.denoising import DenoisingQueries
+from .bev_aux_head import BevAuxOutputs
 from .image_aux_head import ImageAuxOutputs
 from .query_router import QueryRouting
 
@@ -65,6 +68,7 @@ class HeadOutputs(Sequence):
     passes: Mapping[str, PassOutputs] = field(default_factory=dict)
     image_aux: Optional[ImageAuxOutputs] = None
     fused_black_samples: Optional[Tuple[bool, ...]] = None
+    bev_aux: Optional[BevAuxOutputs] = None
 
     def __getitem__(self, task: int) -> List[Dict[str, Tensor]]:
         return self.tasks[task]
