@@ -71,7 +71,7 @@ read -r BUILD_MODE _ FORCE_CUDA COMPILE_JOBS < <("${BUILD_CHOICE[@]}" --torch-cu
 [[ -n "$BUILD_MODE" ]] || fail "see the cuda_build line above"
 
 STAMP_FILE="$VENV/.cmt_aqr_stamp"
-STAMP="$( (cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT/tools/cuda_build.py" \
+STAMP="$( (cat "$REPO_ROOT/tools/setup_env.sh" "$REPO_ROOT/tools/cuda_build.py" "$REPO_ROOT"/tools/setup_support/*.py \
     "$REPO_ROOT"/requirements/*.txt; echo "$BUILD_MODE") | sha256sum | cut -c1-16)"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
