@@ -1,8 +1,7 @@
 """Which build of the compiled dependencies ``tools/setup_env.sh`` installs: CPU or CUDA.
 
-Standard library only (with ``tools/setup_support/cuda_toolchain.py``, its
-checks): the setup runs this file as a script before any package of the
-stack is installed::
+Standard library only (with its checks, ``tools/setup_support/cuda_toolchain.py``): the setup runs it before
+any package of the stack is installed::
 
     python tools/cuda_build.py --device auto [--torch-cuda 13.0]
 
@@ -18,15 +17,12 @@ reasons on stderr. The choices:
 * **spconv** (:func:`spconv_requirement`): the CPU build ``spconv``, or the
   newest CUDA build not newer than torch's CUDA (:data:`SPCONV_CUDA_BUILDS`;
   ``spconv-cu126`` for torch's CUDA 12.6 to 13.x: there is no CUDA 13 build,
-  and spconv-cu126 runs with torch 2.11+cu130).
-* **FORCE_CUDA** for mmcv-full's compilation: ``1`` in CUDA mode, else ``0``.
-* **MAX_JOBS** (:func:`max_jobs`): parallel compile jobs, bounded by the cores
-  and by the available memory (an ``nvcc`` job can take ~4 GB).
+  and spconv-cu126 runs with torch 2.11+cu130); with a GPU but no ``nvcc``
+  (``auto``) spconv's CUDA build too, mmcv's ops staying CPU-only.
+* **FORCE_CUDA**: ``1`` in CUDA mode, else ``0``; **MAX_JOBS** (:func:`max_jobs`): compile jobs by cores and memory.
 
-Before anything is installed it checks (:func:`check_cuda_versions`) that
-torch's CUDA, ``nvcc``'s and the driver's can work together, and stops naming
-all three when they cannot. ``auto`` with a GPU but no ``nvcc`` installs
-spconv's CUDA build and says which ops stay on the CPU.
+Before anything is installed it stops, naming all three, when torch's CUDA,
+``nvcc``'s and the driver's cannot work together (:func:`check_cuda_versions`).
 """
 import argparse
 import os

@@ -21,8 +21,8 @@ which the head's config upgrade moves into its ``routing`` sub-config. Data flow
 
 Without ``aqr_config`` the router is off (plain CMT). ``test_cfg['aqr_routing'] = 'oracle'`` (or
 ``'oracle_objects'``, ``'oracle_lies'``) replaces the learned weights at test time by the input's truth
-(:data:`ORACLE_TRUTHS`): the headroom routing could add. New parameters live under ``aqr_weight_generator.`` and ``attention_bias_generator.``
-(:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
+(:data:`ORACLE_TRUTHS`): the headroom routing could add. New parameters live under ``aqr_weight_generator.``
+and ``attention_bias_generator.`` (:attr:`QueryRouter.modules`): a CMT checkpoint loads with only those missing.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
