@@ -1,6 +1,6 @@
-"""Does routing pay under sensor failures? Seven arms, three seeds, one command.
+"""Does routing pay when sensors fail (``--design failures``) or lie (``--design lies``)? Three seeds, one command.
 
-    python tools/robustness_study.py [--quick] [--seeds 0 1 2] [--work-dir work_dirs/study] [--out docs/robustness]
+    python tools/robustness_study.py [--design lies] [--quick] [--seeds 0 1 2] [--out docs/robustness]
     make study [STUDY_ARGS="--shared-stage1"]     # study.md states the wall time its run took
 
 Arms (``projects/mmdet3d_plugin/experiments/study_arms.py``), all on ``make demo``'s
@@ -15,7 +15,9 @@ Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
 (``apis/object_metrics.py``); ``study.md`` / ``study.json`` / the chart
-(``experiments/study_report.py``) in ``--out``. The plan and its time estimate are
+(``experiments/study_report.py``) in ``--out``. ``--design lies`` trains its arms on the failures and the lies
+(ghosts, yawed views, a misaligned cloud, both at once) with targets that know where a sensor lies, adds CMT-AQR
+with the muting bias and writes ``study_lies.md``. The plan and its time estimate are
 printed first; every step is skipped when its output exists, so a second run
 continues (``experiments/robustness_study.py``). ``--quick`` runs the same steps on a
 tiny set for a few iterations and four corruptions (the test suite runs it;
@@ -29,17 +31,21 @@ from dataclasses import fields
 from typing import Dict, Optional, Sequence
 
 from projects.mmdet3d_plugin.apis.object_metrics import MIN_LIDAR_POINTS, SCORE_THRESHOLD
-from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN, DEFAULT_CORRUPTIONS
+from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN
 from projects.mmdet3d_plugin.experiments.demo_pipeline import DemoDataset, DemoStudyTools
 from projects.mmdet3d_plugin.experiments.robustness_study import RobustnessStudy, StudyOptions
+from projects.mmdet3d_plugin.experiments.study_arms import STUDY_DESIGNS
 from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
 from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
-QUICK_CORRUPTIONS = (CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120')
+QUICK_CORRUPTIONS = dict(failures=(CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120'),
+                         lies=(CLEAN, 'lidar_ghost:3', 'view_yaw:2:20', 'mixed_lie:120'))
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Does routing pay under sensor failures? The robustness study')
+    parser.add_argument('--design', choices=sorted(STUDY_DESIGNS), default='failures', help='the study: sensors '
+                        'that fail (default; report study.md) or that lie (report study_lies.md)')
     parser.add_argument('--quick', action='store_true', help='a tiny set, a few iterations, four corruptions')
     parser.add_argument('--seeds', type=int, nargs='+', help='training seeds (default: 0 1 2; --quick: 0)')
     parser.add_argument('--scenes', type=int, help='synthetic scenes of 2 samples, a fifth for validation '
@@ -57,7 +63,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--processes', type=int, help="data-parallel processes of every training (default: each "
                         "config's demo_processes on a machine without a GPU that has as many cores, else 1; "
                         "--quick: 1, which trains its few samples faster than two processes)")
-    parser.add_argument('--corruptions', nargs='+', help="default: tools/eval_robustness.py's list")
+    parser.add_argument('--corruptions', nargs='+', help="default: the design's list (failures: "
+                        "tools/eval_robustness.py's)")
     parser.add_argument('--score-thr', dest='score_threshold', type=float, default=SCORE_THRESHOLD,
                         help='object metrics: lowest score of '
                         f'a counted detection (default {SCORE_THRESHOLD})')
@@ -68,7 +75,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         '(dense attention probabilities at evaluation)')
     parser.add_argument('--picture-sample', type=int, default=0, help='validation sample of the routing pictures')
     parser.add_argument('--data-root', help='default: data/synthetic_study (--quick: data/synthetic_study_quick)')
-    parser.add_argument('--work-dir', help='default: work_dirs/study (--quick: work_dirs/study_quick)')
+    parser.add_argument('--work-dir', help='default: work_dirs/<report> (study, study_lies; --quick: '
+                        'work_dirs/<report>_quick)')
     parser.add_argument('--out', help='report folder (default: docs/robustness; --quick: <work dir>/report)')
     args = parser.parse_args(argv)
     args.command = ' '.join(['python tools/robustness_study.py'] + list(sys.argv[1:] if argv is None else argv))
@@ -79,10 +87,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.stage2_epochs = args.stage2_epochs or (1 if quick else 4)
     if args.processes is None and quick:
         args.processes = 1
-    args.corruptions = [CLEAN] + [spec for spec in args.corruptions or (QUICK_CORRUPTIONS if quick
-                                                                         else DEFAULT_CORRUPTIONS) if spec != CLEAN]
+    design = STUDY_DESIGNS[args.design]
+    args.corruptions = [CLEAN] + [spec for spec in args.corruptions or (QUICK_CORRUPTIONS[args.design] if quick
+                                                                         else design.corruptions) if spec != CLEAN]
     args.data_root = args.data_root or ('data/synthetic_study_quick' if quick else 'data/synthetic_study')
-    args.work_dir = args.work_dir or ('work_dirs/study_quick' if quick else 'work_dirs/study')
+    args.work_dir = args.work_dir or f'work_dirs/{design.report}' + ('_quick' if quick else '')
     args.out = args.out or (osp.join(args.work_dir, 'report') if quick else 'docs/robustness')
     return args
 

@@ -187,3 +187,19 @@ def test_false_positives_near_ghosts_are_the_confident_unmatched_detections_with
     assert metrics.ghost_false_positives_per_sample == 0.5
     assert metrics.counts['ghost_false_positives'] == 1
     assert object_metrics([clean], [_observation([40, 40, 40])]).ghost_false_positives_per_sample is None
+
+
+def test_router_targets_know_where_a_sensor_lies():
+    """A yawed view is no evidence (camera target 0 for B, seen only by the yawed back view), a misaligned cloud
+    none either (LiDAR target 0 for every object); the affected objects are still the ones that lost evidence."""
+    routing = ([0.9, 0.9, 0.9], [0.9, 0.9, 0.9], [0.9, 0.2, 0.2])
+    clean = _observation([20, 20, 20])
+    yawed = _observation([20, 20, 20], routing=routing)
+    yawed.camera_meta['corruption'] = dict(mode='view_yaw', yawed_views=[1])
+    counts = sample_counts(clean, yawed)
+    # targets: A camera 1 (live front view), B camera 0 (yawed), C camera 0 (no view): all three right
+    assert (counts.routed_objects, counts.lidar_hits, counts.camera_hits) == (3, 3, 3)
+    assert counts.camera_affected == 0
+    misaligned = _observation([20, 20, 20], routing=([0.9] * 3, [0.1, 0.1, 0.9], [0.9, 0.9, 0.2]))
+    misaligned.camera_meta['corruption'] = dict(mode='lidar_misalign', misaligned=True)
+    assert sample_counts(clean, misaligned).lidar_hits == 2

@@ -5,9 +5,10 @@ import os.path as osp
 
 import pytest
 
-from projects.mmdet3d_plugin.experiments.robustness_study import (BUDGET_HOURS, PICTURE_CORRUPTIONS, RobustnessStudy,
-                                                           StudyOptions)
-from projects.mmdet3d_plugin.experiments.study_arms import STUDY_ARMS, study_arm
+from mmcv import Config
+
+from projects.mmdet3d_plugin.experiments.robustness_study import BUDGET_HOURS, RobustnessStudy, StudyOptions
+from projects.mmdet3d_plugin.experiments.study_arms import LIE_STAGE2_CORRUPTIONS, STUDY_ARMS, study_arm, study_design
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CORRUPTIONS = ['clean', 'lidar_drop', 'object_drop:0.5']
@@ -56,7 +57,7 @@ class FakeTools:
             raise AssertionError(f'unexpected tool {command}')
 
 
-def _study(tmp_path, tools=None, arms=STUDY_ARMS, **changes):
+def _study(tmp_path, tools=None, arms=None, **changes):
     """A study of ``tmp_path`` with ``changes`` to its options, run by ``tools`` (new fake tools by default)."""
     options = dict(seeds=[0, 1], scenes=4, stage1_epochs=2, stage2_epochs=1, shared_stage1=False, image_drop=0.25,
                    lidar_drop=0.25, corruptions=list(CORRUPTIONS), data_root=str(tmp_path / 'data'),
@@ -108,7 +109,7 @@ def test_the_study_trains_evaluates_and_reports_every_arm_then_resumes(tmp_path,
     written = json.loads((tmp_path / 'out' / 'study.json').read_text())
     assert written['options']['seeds'] == [0, 1] and len(written['runs']['oracle']) == 2
     assert (tmp_path / 'out' / 'study_chart.png').exists()
-    for corruption in PICTURE_CORRUPTIONS:
+    for corruption in study_design('failures').picture_corruptions:
         tag = corruption.replace(':', '_').replace('.', 'p')
         assert (tmp_path / 'out' / f'study_{tag}_bias.png').exists() and f'(study_{tag}_bias.png)' in text
 
@@ -185,3 +186,36 @@ def test_options_are_checked(tmp_path):
         _study(tmp_path, seeds=[])
     with pytest.raises(ValueError, match='start with clean'):
         _study(tmp_path, corruptions=['lidar_drop', 'clean'])
+
+
+@pytest.mark.slow(seconds=25)
+def test_the_lie_study_trains_its_arms_on_the_lies_with_lie_targets_and_reports_apart(tmp_path):
+    study = _study(tmp_path, design='lies', seeds=[0], shared_stage1=True,
+                   corruptions=['clean', 'lidar_ghost:3', 'mixed_lie:120'])
+    tools = study.tools
+    study.run()
+    work = str(tmp_path / 'work')
+    trained = [c[c.index('--work-dir') + 1] for c in tools.commands if c[0] == 'tools/train.py']
+    assert trained == [f'{work}/seed0/{name}' for name in ('stage1', 'control', 'global_gate', 'aqr_targets',
+                                                              'aqr_mute')]
+    routings = [c[c.index('--routing') + 1] for c in tools.commands if c[0] == 'tools/eval_robustness.py']
+    assert routings == ['learned'] * 5 + ['oracle_lies']
+
+    def config(name):
+        cfg = Config.fromfile(f'{work}/seed0/{name}/' + osp.basename(study_arm(name, study.arms).config))
+        train = cfg.data.train
+        while 'pipeline' not in train:
+            train = train.dataset
+        corruptions = [step['corruptions'] for step in train.pipeline if step['type'] == 'RandomSensorCorruption']
+        return cfg.model.pts_bbox_head.aqr_config, [(c['spec'], c['prob']) for c in corruptions[0]]
+
+    mix = [(c['spec'], c['prob']) for c in LIE_STAGE2_CORRUPTIONS]
+    control, gate, aqr, mute = (config(name) for name in ('control', 'global_gate', 'aqr_targets', 'aqr_mute'))
+    assert control[1] == gate[1] == aqr[1] == mute[1] == mix
+    assert not control[0].get('lie_targets') and gate[0].lie_targets and gate[0].granularity == 'sample'
+    assert aqr[0].lie_targets and aqr[0].unmatched_loss_weight == 1.0 and mute[0] == aqr[0]
+    text = (tmp_path / 'out' / 'study_lies.md').read_text()
+    assert text.startswith('# Robustness study: does routing pay when sensors lie?')
+    assert '| corruption | stage 1 | control | global gate | CMT-AQR | CMT-AQR mute | oracle |' in text
+    assert 'lidar_ghost:3 0.1' in text and not (tmp_path / 'out' / 'study.md').exists()
+    assert (tmp_path / 'out' / 'study_lies_mixed_lie_120_bias.png').exists()

@@ -66,11 +66,17 @@ def test_cells_and_tables():
     lines = metric_tables(summarise(_runs(), ['clean']), arms)
     headers = [line for line in lines if line.startswith('| corruption | stage 1')]
     assert headers == ['| corruption | stage 1 | control | CMT-AQR |', '| corruption | stage 1 − control | '
-                       'CMT-AQR − control |'] * 7  # one pair of tables per metric
+                       'CMT-AQR − control |'] * 4  # one pair of tables per metric with a value
     map_rows = [line for line in lines if line.startswith('| clean |')][:2]
     assert map_rows[0] == '| clean | 0.283 (0.200 … 0.350) | 0.267 (0.100 … 0.400) | 0.350 (0.200 … 0.500) |'
     assert map_rows[1] == '| clean | +0.017 (-0.100 … +0.100) | **+0.100** (+0.100 … +0.100) |'
-    assert sum(line.startswith('## ') for line in lines) == 7
+    titles = [line for line in lines if line.startswith('## ')]
+    assert titles == ['## mAP', '## NDS', '## recall at 2 m of the affected objects', '## false positives per sample']
+    runs = _runs()
+    runs['control'][0]['clean']['objects']['ghost_false_positives_per_sample'] = 0.25
+    lines = metric_tables(summarise(runs, ['clean']), arms)
+    assert '## false positives per sample within 2 m of a ghost' in lines
+    assert '| clean | n/a | 0.250 | n/a |' in lines
 
 
 def test_report_and_chart(tmp_path):

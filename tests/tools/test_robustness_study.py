@@ -22,7 +22,13 @@ def test_defaults_are_three_seeds_and_every_corruption_after_clean():
     assert moved.corruptions == ['clean', 'lidar_drop'] and moved.score_threshold == 0.5
     quick = study.study_options(study.parse_args(['--quick']))
     assert (quick.seeds, quick.scenes, quick.stage2_epochs) == ([0], 2, 1)
-    assert quick.corruptions == list(study.QUICK_CORRUPTIONS) and quick.out == 'work_dirs/study_quick/report'
+    assert quick.corruptions == list(study.QUICK_CORRUPTIONS['failures'])
+    assert quick.out == 'work_dirs/study_quick/report' and quick.design == 'failures'
+    lies = study.study_options(study.parse_args(['--design', 'lies']))
+    assert lies.design == 'lies' and (lies.work_dir, lies.out) == ('work_dirs/study_lies', 'docs/robustness')
+    assert lies.corruptions[:5] == ['clean', 'lidar_ghost:3', 'view_yaw:2:20', 'lidar_misalign:0.4:2',
+                                    'mixed_lie:120']
+    assert study.parse_args(['--design', 'lies', '--quick']).work_dir == 'work_dirs/study_lies_quick'
     assert (options.image_drop, options.lidar_drop) == (0.0, 0.0)  # make demo's recipe
     # trainings: the configs' data-parallel processes, one in a quick study (its few samples train faster so)
     assert study.parse_args([]).processes is None and study.parse_args(['--quick']).processes == 1

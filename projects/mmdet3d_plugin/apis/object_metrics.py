@@ -13,8 +13,9 @@ input (:class:`SampleObservation` of both, recorded by :mod:`.sample_recorder`):
   object of their class within ``max_distance``; and those within ``max_distance`` of a ghost's centre;
 * **router accuracy**: per object, the query of its best-scoring prediction of
   its class within ``max_distance``; its LiDAR and camera weights against the
-  object's routing targets (``models/aqr/routing_targets.py``): the fraction
-  on the target's side of 0.5;
+  object's routing targets with ``lie_targets`` (``models/aqr/routing_targets.py``:
+  a yawed view or a misaligned cloud is no evidence): the fraction on the
+  target's side of 0.5;
 * **attention on the dead sensor** (with ``camera_mass``): for the same
   queries, the share of their fused cross-attention on the camera keys where
   no live view sees the object, and on the BEV keys where its box holds too
@@ -32,6 +33,7 @@ from torch import Tensor
 from ..datasets.pipelines.corruption import CORRUPTION_KEY
 from ..models.aqr.aux_loss import DROPPED_MODALITIES_KEY
 from ..models.aqr.routing_targets import camera_visible_objects
+from ..models.aqr.sensor_lies import lidar_misaligned
 
 #: Defaults: the devkit's 2 m centre distance and a score a detection is counted from.
 MAX_DISTANCE_M = 2.0
@@ -271,10 +273,11 @@ def _ratio(numerator: float, denominator: int) -> Optional[float]:
     return numerator / denominator if denominator else None
 
 
-def visible_objects(observation: SampleObservation, lidar2img: Tensor) -> Tensor:
-    """``[n]`` bool: each object's centre in a live view of ``observation``, projected with ``lidar2img``."""
+def visible_objects(observation: SampleObservation, lidar2img: Tensor, lies: bool = False) -> Tensor:
+    """``[n]`` bool: each object's centre in a live view of ``observation``, projected with ``lidar2img``
+    (``lies``: a yawed view is no live view)."""
     boxes = LiDARInstance3DBoxes(observation.gt_boxes, box_dim=observation.gt_boxes.shape[-1])
-    return camera_visible_objects(boxes.gravity_center, lidar2img, observation.camera_meta)
+    return camera_visible_objects(boxes.gravity_center, lidar2img, observation.camera_meta, lies)
 
 
 def sample_counts(clean: SampleObservation, corrupted: SampleObservation, score_threshold: float = SCORE_THRESHOLD,
@@ -311,8 +314,10 @@ def sample_counts(clean: SampleObservation, corrupted: SampleObservation, score_
         query = routed_queries(gt_centres, corrupted.gt_labels, corrupted.query_centres, corrupted.query_scores,
                                max_distance)
         routed = query >= 0
+        lidar_target = (corrupted.gt_points[routed] >= min_lidar_points) & (not lidar_misaligned(corrupted.camera_meta))
+        camera_target = visible_objects(corrupted, lidar2img, lies=True)[routed]
         hits = router_hits(corrupted.lidar_weights[query[routed]], corrupted.camera_weights[query[routed]],
-                           corrupted.gt_points[routed] >= min_lidar_points, visible_after[routed])
+                           lidar_target, camera_target)
         counts.routed_objects = int(routed.sum())
         counts.lidar_hits, counts.camera_hits = (int(value) for value in hits.sum(dim=0))
         if corrupted.camera_mass is not None:

@@ -1,9 +1,10 @@
-"""The robustness study (``tools/robustness_study.py``, ``make study``): does routing pay under sensor failures?
+"""The robustness studies (``tools/robustness_study.py``, ``make study``): does routing pay when sensors fail or lie?
 
-Steps, each skipped when its output is there (a second run continues):
+Steps of a study design (:data:`.study_arms.STUDY_DESIGNS`), each skipped when its output is there (a second run
+continues):
 
 1. the synthetic data set (the tool's ``StudyTools.prepare_data``);
-2. per seed, every trained arm of :data:`.study_arms.STUDY_ARMS`: stage 1
+2. per seed, every trained arm of the design: stage 1
    from scratch (once, of the first seed, with ``shared_stage1``), the
    stage-2 arms from it (``tools/train.py``);
 3. per seed, right after its trainings (so that a study stopped half-way has
@@ -12,7 +13,7 @@ Steps, each skipped when its output is there (a second run continues):
    CMT-AQR's checkpoint with ``--routing oracle``);
 4. AQR routing pictures of one validation sample of the first seed's
    :data:`PICTURE_ARM` (``tools/visualize_aqr.py``);
-5. ``study.md``, ``study.json`` and the chart (:mod:`.study_report`).
+5. ``<report>.md``, ``<report>.json`` and the chart (:mod:`.study_report`).
 
 The repository's tools run as processes through a :class:`StudyTools`
 given by the caller, so this module never imports ``tools/``.
@@ -23,21 +24,19 @@ import os.path as osp
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 import mmcv
 from mmcv import Config
 
 from ..datasets.corruption_config import describe_corruptions
-from .study_arms import STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config, checkpoint_arm, study_arm
+from .study_arms import StudyArm, arm_config, checkpoint_arm, study_arm, study_design
 from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
 
 #: The arm every stage-2 arm starts from.
 STAGE1 = 'stage1'
-#: The arm whose routing is drawn, and the corruptions it is drawn under (object failure, mixed failure).
+#: The arm whose routing is drawn (under its design's ``picture_corruptions``).
 PICTURE_ARM = 'aqr_targets'
-PICTURE_CORRUPTIONS = ('object_drop:0.5', 'mixed:120')
-CHART = 'study_chart.png'
 TOTAL_STEPS = 5
 #: The time model of :meth:`RobustnessStudy.plan`: minutes per training epoch and per evaluated corruption of a
 #: study of :data:`REFERENCE_SCENES` scenes on 2 CPU cores (tool start-up included), scaled with the scenes; the
@@ -74,6 +73,7 @@ class StudyOptions:
         command (str): the command line, for the report.
         attention_mass (bool): the object metrics include the fused cross-attention's mass on the dead sensor's
             keys (``tools/eval_robustness.py --attention-mass``).
+        design (str): the study design (:data:`.study_arms.STUDY_DESIGNS`).
     """
 
     seeds: List[int]
@@ -92,6 +92,7 @@ class StudyOptions:
     picture_sample: int
     command: str
     attention_mass: bool = True
+    design: str = 'failures'
 
 
 class StudyTools(Protocol):
@@ -127,16 +128,18 @@ class RobustnessStudy:
         options (StudyOptions): the run.
         tools (StudyTools): runs the repository's tools.
         repo_root (str): the folder the tools run in; relative paths of ``options`` are relative to it.
-        arms (Sequence[StudyArm]): the arms, in table order. Default: all of :data:`.study_arms.STUDY_ARMS`.
+        arms (Sequence[StudyArm], optional): the arms, in table order. Default: all of the design's.
     """
 
     def __init__(self, options: StudyOptions, tools: StudyTools, repo_root: str,
-                 arms: Sequence[StudyArm] = STUDY_ARMS) -> None:
+                 arms: Optional[Sequence[StudyArm]] = None) -> None:
         if not options.seeds:
             raise ValueError('the study needs at least one seed')
         if options.corruptions[:1] != ['clean']:
             raise ValueError(f'the corruptions must start with clean (the object metrics compare with it), got '
                              f'{options.corruptions}')
+        self.design = study_design(options.design)
+        arms = self.design.arms if arms is None else arms
         names = [arm.name for arm in arms]
         for arm in arms:
             if not arm.is_trained and arm.evaluates not in names:
@@ -160,7 +163,7 @@ class RobustnessStudy:
     def train_dir(self, arm: StudyArm, seed: int) -> str:
         """The work dir of ``arm``'s training for ``seed`` (an arm without training: that of the arm it evaluates;
         with ``shared_stage1`` every arm trained from scratch is trained once, for the first seed)."""
-        arm = checkpoint_arm(arm)
+        arm = checkpoint_arm(arm, self.arms)
         if arm.training == 'stage2':
             return osp.join(self.options.work_dir, f'seed{seed}', arm.name)
         scratch_seed = self.options.seeds[0] if self.options.shared_stage1 else seed
@@ -168,7 +171,7 @@ class RobustnessStudy:
 
     def epochs(self, arm: StudyArm) -> int:
         """The epochs of ``arm``'s training (an arm without training: those of the arm it evaluates)."""
-        arm = checkpoint_arm(arm)
+        arm = checkpoint_arm(arm, self.arms)
         return self.options.stage2_epochs if arm.training == 'stage2' else self.options.stage1_epochs
 
     def checkpoint(self, arm: StudyArm, seed: int) -> str:
@@ -176,11 +179,11 @@ class RobustnessStudy:
 
     def config_path(self, arm: StudyArm, seed: int) -> str:
         """The config its training dumped (an arm without training: that of the arm it evaluates)."""
-        return osp.join(self.train_dir(arm, seed), osp.basename(checkpoint_arm(arm).config))
+        return osp.join(self.train_dir(arm, seed), osp.basename(checkpoint_arm(arm, self.arms).config))
 
     def picture_dir(self, corruption: str) -> str:
         """Where ``tools/visualize_aqr.py`` draws :data:`PICTURE_ARM` (first seed) under ``corruption``."""
-        return osp.join(self.train_dir(study_arm(PICTURE_ARM), self.options.seeds[0]), 'pictures',
+        return osp.join(self.train_dir(study_arm(PICTURE_ARM, self.arms), self.options.seeds[0]), 'pictures',
                         picture_tag(corruption))
 
     def evaluation_dir(self, arm: StudyArm, seed: int) -> str:
@@ -213,8 +216,9 @@ class RobustnessStudy:
         if self.draws_pictures:
             steps['pictures'] = StudyStep(
                 f'routing pictures of {PICTURE_ARM}, seed {options.seeds[0]}',
-                len(PICTURE_CORRUPTIONS) * self._estimate(PICTURE_MINUTES),
-                all(glob.glob(self.path(self.picture_dir(corruption), '*.png')) for corruption in PICTURE_CORRUPTIONS))
+                len(self.design.picture_corruptions) * self._estimate(PICTURE_MINUTES),
+                all(glob.glob(self.path(self.picture_dir(corruption), '*.png'))
+                    for corruption in self.design.picture_corruptions))
         return list(steps.values())
 
     def print_plan(self) -> None:
@@ -264,7 +268,7 @@ class RobustnessStudy:
         options = self.options
         work_dir, checkpoint = self.train_dir(arm, seed), self.checkpoint(arm, seed)
         stage2 = arm.training == 'stage2'
-        load_from = self.checkpoint(study_arm(STAGE1), seed) if stage2 else None
+        load_from = self.checkpoint(study_arm(STAGE1, self.arms), seed) if stage2 else None
         cfg = arm_config(arm, options.data_root, self.epochs(arm), options.image_drop, options.lidar_drop, load_from,
                          self.repo_root)
         train_seed = seed if stage2 or not options.shared_stage1 else options.seeds[0]
@@ -312,15 +316,15 @@ class RobustnessStudy:
         return {result['corruption']: result for result in mmcv.load(self.path(out_dir, 'robustness.json'))['results']}
 
     def pictures(self) -> Dict[str, List[str]]:
-        """AQR pictures of :data:`PICTURE_ARM` (first seed) under :data:`PICTURE_CORRUPTIONS`, copied to the
-        report folder as ``study_<corruption>_<picture>.png``.
+        """AQR pictures of :data:`PICTURE_ARM` (first seed) under the design's ``picture_corruptions``, copied to
+        the report folder as ``<report>_<corruption>_<picture>.png``.
 
         Returns:
             dict[str, list[str]]: corruption -> the file names written (relative to the report folder).
         """
-        arm, seed = study_arm(PICTURE_ARM), self.options.seeds[0]
+        arm, seed = study_arm(PICTURE_ARM, self.arms), self.options.seeds[0]
         written = {}
-        for corruption in PICTURE_CORRUPTIONS:
+        for corruption in self.design.picture_corruptions:
             folder = self.picture_dir(corruption)
             if not glob.glob(self.path(folder, '*.png')):
                 command = ['tools/visualize_aqr.py', self.config_path(arm, seed), self.checkpoint(arm, seed),
@@ -330,7 +334,7 @@ class RobustnessStudy:
             names = []
             for source in sorted(glob.glob(self.path(folder, '*.png'))):
                 kind = osp.basename(source)[:-len('.png')].rsplit('_', 1)[-1]  # bev, cameras or bias
-                names.append(f'study_{picture_tag(corruption)}_{kind}.png')
+                names.append(f'{self.design.report}_{picture_tag(corruption)}_{kind}.png')
                 shutil.copyfile(source, self.path(self.options.out, names[-1]))
             written[corruption] = names
         return written
@@ -338,7 +342,7 @@ class RobustnessStudy:
     def intro(self, minutes: float) -> List[str]:
         """The setup paragraph of the report: the run, the data, the arms and the metrics."""
         options = self.options
-        corruptions = describe_corruptions(STAGE2_CORRUPTIONS)
+        corruptions = describe_corruptions(self.design.stage2_corruptions)
         stage1 = (f'once (seed {options.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 '
                   f'only' if options.shared_stage1 else 'per seed')
         lines = [
@@ -361,7 +365,8 @@ class RobustnessStudy:
             f'positives per sample (detections scoring >= {options.score_threshold} with no object of their class '
             f'within 2 m); the router\'s accuracy: per object, the query of its best-scoring prediction of its class '
             f'within 2 m, its LiDAR and camera weights on the side of 0.5 of the object\'s per-query targets (LiDAR: '
-            f'the box holds >= {options.min_lidar_points} points, camera: its centre is in a live view)'
+            f'the box holds >= {options.min_lidar_points} points and the cloud is not misaligned, camera: its centre '
+            f'is in a live view that is not yawed)'
             + ('; for the same queries, the share of the fused pass\'s last cross-attention on the camera keys where '
                'no live view sees the object, and on the BEV keys where its box lost its points (routing that mutes '
                'a dead sensor takes these towards 0)' if options.attention_mass else '')
@@ -370,23 +375,25 @@ class RobustnessStudy:
         return lines
 
     def report(self, runs: Runs, pictures: Dict[str, List[str]]) -> Dict[str, dict]:
-        """Write ``study.md``, ``study.json`` and the chart to the report folder; the summary."""
-        options = self.options
+        """Write ``<report>.md``, ``<report>.json`` and the chart to the report folder; the summary."""
+        options, report = self.options, self.design.report
         summary = summarise(runs, options.corruptions)
-        bar_chart(summary, self.arms, self.path(options.out, CHART))
+        chart = f'{report}_chart.png'
+        bar_chart(summary, self.arms, self.path(options.out, chart))
         minutes = self.total_minutes()
-        caption = (f'{study_arm(PICTURE_ARM).label} (seed {options.seeds[0]}) on validation sample '
+        caption = (f'{study_arm(PICTURE_ARM, self.arms).label} (seed {options.seeds[0]}) on validation sample '
                    f'{options.picture_sample}: LiDAR weight of each query in the BEV (with the points that are left, '
                    f'ground truth green, predictions red), camera weight of each query in the camera that sees it, and '
-                   f'the attention bias of the highest-scoring query (`tools/visualize_aqr.py`).')
-        text = markdown_report('Robustness study: does routing pay under sensor failures?', self.intro(minutes),
-                               summary, self.arms, CHART, pictures, caption, degradation_lines(runs, self.arms))
-        with open(self.path(options.out, 'study.md'), 'w') as f:
+                   f'the attention bias of the highest-scoring query (`tools/visualize_aqr.py`).'
+                   if self.draws_pictures else '')
+        text = markdown_report(self.design.title, self.intro(minutes), summary, self.arms, chart, pictures, caption,
+                               degradation_lines(runs, self.arms))
+        with open(self.path(options.out, f'{report}.md'), 'w') as f:
             f.write(text)
         mmcv.dump(dict(options=asdict(options), arms=[asdict(arm) for arm in self.arms], summary=summary, runs=runs,
-                       minutes=minutes), self.path(options.out, 'study.json'), indent=2)
+                       minutes=minutes), self.path(options.out, f'{report}.json'), indent=2)
         print(text)
-        print(f'study: {minutes:.1f} min; report {osp.join(options.out, "study.md")}', flush=True)
+        print(f'study: {minutes:.1f} min; report {osp.join(options.out, report + ".md")}', flush=True)
         return summary
 
     def run(self) -> Dict[str, dict]:

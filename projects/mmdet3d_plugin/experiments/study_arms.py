@@ -1,7 +1,7 @@
-"""The arms of the robustness study (``tools/robustness_study.py``): what each model is and how it is made.
+"""The robustness studies (``tools/robustness_study.py --design``): their arms, what each model is and how it is made.
 
-All on the camera-pass detector of ``make demo`` (``configs/demo/cmt_aqr_synthetic_tiny_passes.py``), in table
-order::
+All on the camera-pass detector of ``make demo`` (``configs/demo/cmt_aqr_synthetic_tiny_passes.py``). The
+``failures`` design (sensors that fail), in table order::
 
     lidar_only   the same detector trained from scratch on black camera views (every point cloud kept)
     camera_only  camera-only CMT (configs/demo/cmt_camera_synthetic_tiny.py) trained from scratch
@@ -11,19 +11,22 @@ order::
     aqr_targets  stage 2: CMT-AQR per query with per-query routing targets
     oracle       CMT-AQR's checkpoint, each query's weights replaced at test time by the input's truth
 
-Every stage-2 arm trains every parameter (detector and router) from the
-stage-1 checkpoint for the same epochs with the same train-time corruptions
-(:data:`STAGE2_CORRUPTIONS`), so the control differs from the routing arms
-only in that its router stays frozen.
-
+The ``lies`` design (sensors that give plausible but wrong evidence) trains
+stage 1, the control, the global gate and CMT-AQR on the failures and the lies
+(:data:`LIE_STAGE2_CORRUPTIONS`) with targets that know where a sensor lies,
+adds CMT-AQR with the muting bias (``aqr_mute``) and tests the oracle with
+``oracle_lies``. Every stage-2 arm trains every parameter from the stage-1
+checkpoint for the same epochs with the same train-time corruptions, so the
+control differs from the routing arms only in that its router stays frozen.
 :func:`arm_config` turns an arm into the mmcv ``Config`` its training runs.
 """
 import os.path as osp
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from mmcv import Config
 
+from ..apis.robustness_eval import CLEAN, DEFAULT_CORRUPTIONS
 from ..datasets.corruption_config import SENSOR_FAILURE_CORRUPTIONS, add_train_corruptions, train_pipelines
 from ..datasets.data_root_config import retarget_data_root
 
@@ -38,6 +41,16 @@ ROUTING_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes.py'
 LIDAR_ONLY_DROP = (1.0, 0.0)
 #: The train-time corruptions of every stage-2 arm: the sensor failures make demo's CMT-AQR fine-tunes on.
 STAGE2_CORRUPTIONS = SENSOR_FAILURE_CORRUPTIONS
+#: The lie study's train-time corruptions: the failures and the four lies (each sample draws one of them).
+LIE_CORRUPTIONS = (dict(spec='lidar_ghost:3', prob=0.1), dict(spec='view_yaw:2:20', prob=0.1),
+                   dict(spec='lidar_misalign:0.4:2', prob=0.1), dict(spec='mixed_lie:120', prob=0.1))
+LIE_STAGE2_CORRUPTIONS = SENSOR_FAILURE_CORRUPTIONS + LIE_CORRUPTIONS
+#: What the lie study evaluates: clean, the lies, and the failures where a sensor or its objects go missing.
+LIE_TEST_CORRUPTIONS = (CLEAN, *(item['spec'] for item in LIE_CORRUPTIONS), 'lidar_drop', 'camera_drop',
+                        'object_drop:0.5', 'mixed:120')
+#: The lie study's routing targets: per query (matched and unmatched) and per sample, they know where a sensor lies.
+LIE_TARGETS = (('model.pts_bbox_head.aqr_config.lie_targets', True), )
+UNMATCHED_TARGETS = (('model.pts_bbox_head.aqr_config.unmatched_loss_weight', 1.0), )
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,8 @@ class StudyArm:
             probabilities; ``'study'``: the study's options; ``'none'``: the config has no such step (a model
             without one of the sensors).
         evaluates (str, optional): ``training='none'`` only: the trained arm whose checkpoint it evaluates.
+        cfg_options (tuple[tuple[str, Any]]): ``(key, value)`` settings merged into its config (mmcv's
+            ``--cfg-options`` keys).
     """
 
     name: str
@@ -67,6 +82,7 @@ class StudyArm:
     train_corruptions: Tuple[dict, ...] = ()
     modality_drop: Union[str, Tuple[float, float]] = 'study'
     evaluates: Optional[str] = None
+    cfg_options: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.training not in TRAININGS:
@@ -111,21 +127,82 @@ STUDY_ARMS: Tuple[StudyArm, ...] = (
              'it): the headroom of the final router', ROUTING_CONFIG, 'none', test_routing='oracle',
              evaluates='aqr_targets'),
 )
+MUTE_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_mute.py'
+_LIE_ROUTING = LIE_TARGETS + UNMATCHED_TARGETS
+LIE_STUDY_ARMS: Tuple[StudyArm, ...] = (
+    STUDY_ARMS[2],
+    StudyArm('control', 'control', 'the stage-1 config trained further for the stage-2 epochs with the failures and '
+             'the lies, every parameter it trains, routing still off', STAGE1_CONFIG, 'stage2',
+             train_corruptions=LIE_STAGE2_CORRUPTIONS),
+    StudyArm('global_gate', 'global gate', 'one LiDAR and one camera weight per sample with MoME\'s per-sample label, '
+             'which for a lie is the modality that lies anywhere in the sample (both under `mixed_lie`)',
+             'configs/demo/cmt_aqr_synthetic_tiny_passes_global_gate.py', 'stage2',
+             train_corruptions=LIE_STAGE2_CORRUPTIONS, cfg_options=LIE_TARGETS),
+    StudyArm('aqr_targets', 'CMT-AQR', 'per query, with routing targets that know where a sensor lies (a yawed view '
+             'or a misaligned cloud is no evidence, a query within 2 m of a ghost gets LiDAR 0), for the matched '
+             'and the unmatched queries (unmatched_loss_weight=1)', ROUTING_CONFIG, 'stage2',
+             train_corruptions=LIE_STAGE2_CORRUPTIONS, cfg_options=_LIE_ROUTING),
+    StudyArm('aqr_mute', 'CMT-AQR mute', 'CMT-AQR with the same targets and the muting bias (mute_scale=5: a query '
+             'that routes a modality away lowers all of its keys, not only its window)', MUTE_CONFIG, 'stage2',
+             train_corruptions=LIE_STAGE2_CORRUPTIONS, cfg_options=_LIE_ROUTING),
+    StudyArm('oracle', 'oracle', 'CMT-AQR\'s checkpoint with each query\'s weights replaced at test time by the '
+             'truth that ignores the lies (`oracle_lies`: the object oracle with yawed views, a misaligned cloud and '
+             'ghosts within 2 m muted): the headroom of the final router', ROUTING_CONFIG, 'none',
+             test_routing='oracle_lies', evaluates='aqr_targets'),
+)
 #: The arm every paired difference is taken against.
 REFERENCE_ARM = 'control'
 
 
-def study_arm(name: str) -> StudyArm:
-    """The arm called ``name``; ``ValueError`` naming the arms otherwise."""
-    for arm in STUDY_ARMS:
+@dataclass(frozen=True)
+class StudyDesign:
+    """One robustness study: its question, its arms and what they train and are tested on.
+
+    Attributes:
+        name (str): ``tools/robustness_study.py --design``.
+        title (str): the report's title.
+        arms (tuple[StudyArm]): in table order.
+        stage2_corruptions (tuple[dict]): the train-time corruptions of its stage-2 arms (for the report).
+        corruptions (tuple[str]): what it evaluates by default, ``clean`` first.
+        report (str): the stem of its report files (``<report>.md``, ``.json``, ``_chart.png``, pictures).
+        picture_corruptions (tuple[str]): the corruptions the routing pictures are drawn under.
+    """
+
+    name: str
+    title: str
+    arms: Tuple[StudyArm, ...]
+    stage2_corruptions: Tuple[dict, ...]
+    corruptions: Tuple[str, ...]
+    report: str
+    picture_corruptions: Tuple[str, ...]
+
+
+STUDY_DESIGNS = {design.name: design for design in (
+    StudyDesign('failures', 'Robustness study: does routing pay under sensor failures?', STUDY_ARMS,
+                STAGE2_CORRUPTIONS, DEFAULT_CORRUPTIONS, 'study', ('object_drop:0.5', 'mixed:120')),
+    StudyDesign('lies', 'Robustness study: does routing pay when sensors lie?', LIE_STUDY_ARMS,
+                LIE_STAGE2_CORRUPTIONS, LIE_TEST_CORRUPTIONS, 'study_lies', ('lidar_ghost:3', 'mixed_lie:120')),
+)}
+
+
+def study_design(name: str) -> StudyDesign:
+    """The design called ``name``; ``ValueError`` naming the designs otherwise."""
+    if name not in STUDY_DESIGNS:
+        raise ValueError(f'no study design {name!r}; the designs are {sorted(STUDY_DESIGNS)}')
+    return STUDY_DESIGNS[name]
+
+
+def study_arm(name: str, arms: Tuple[StudyArm, ...] = STUDY_ARMS) -> StudyArm:
+    """The arm of ``arms`` called ``name``; ``ValueError`` naming the arms otherwise."""
+    for arm in arms:
         if arm.name == name:
             return arm
-    raise ValueError(f'no study arm {name!r}; the arms are {[arm.name for arm in STUDY_ARMS]}')
+    raise ValueError(f'no study arm {name!r}; the arms are {[arm.name for arm in arms]}')
 
 
-def checkpoint_arm(arm: StudyArm) -> StudyArm:
-    """The arm whose checkpoint ``arm`` is evaluated with: itself, or the arm it ``evaluates``."""
-    return arm if arm.is_trained else study_arm(arm.evaluates)
+def checkpoint_arm(arm: StudyArm, arms: Tuple[StudyArm, ...] = STUDY_ARMS) -> StudyArm:
+    """The arm whose checkpoint ``arm`` is evaluated with: itself, or the arm of ``arms`` it ``evaluates``."""
+    return arm if arm.is_trained else study_arm(arm.evaluates, arms)
 
 
 def set_modality_drop(cfg: Config, image_drop: float, lidar_drop: float) -> None:
@@ -163,6 +240,7 @@ def arm_config(arm: StudyArm, data_root: str, epochs: int, image_drop: float, li
         set_modality_drop(cfg, *((image_drop, lidar_drop) if arm.modality_drop == 'study' else arm.modality_drop))
     if arm.train_corruptions:
         add_train_corruptions(cfg, arm.train_corruptions)
-    cfg.merge_from_dict({'runner.max_epochs': epochs, 'checkpoint_config.max_keep_ckpts': 1, 'load_from': load_from})
+    cfg.merge_from_dict({'runner.max_epochs': epochs, 'checkpoint_config.max_keep_ckpts': 1, 'load_from': load_from,
+                         **dict(arm.cfg_options)})
     return cfg
 

@@ -36,6 +36,8 @@ class StudyMetric:
 METRICS = (StudyMetric('mAP', 'mAP'), StudyMetric('NDS', 'NDS'),
            StudyMetric('affected_recall', 'recall at 2 m of the affected objects', in_objects=True),
            StudyMetric('false_positives_per_sample', 'false positives per sample', in_objects=True),
+           StudyMetric('ghost_false_positives_per_sample', 'false positives per sample within 2 m of a ghost',
+                       in_objects=True),
            StudyMetric('router_accuracy', 'router accuracy against the per-query targets', in_objects=True),
            StudyMetric('dead_camera_attention', 'cross-attention on the camera keys where no live view sees the '
                        'object', in_objects=True),
@@ -150,11 +152,14 @@ def cell(stats: Optional[dict], signed: bool = False) -> str:
 
 
 def metric_tables(summary: Dict[str, dict], arms: Sequence[StudyArm], reference: str = REFERENCE_ARM) -> List[str]:
-    """Markdown lines: per metric, a table of the arms and one of their differences from ``reference``."""
+    """Markdown lines: per metric that has a value somewhere, a table of the arms and one of their differences
+    from ``reference``."""
     others = [arm for arm in arms if arm.name != reference]
     reference_label = next(arm.label for arm in arms if arm.name == reference)
     lines = []
     for metric in METRICS:
+        if all(row['arms'][arm.name][metric.key] is None for row in summary.values() for arm in arms):
+            continue
         lines += [f'## {metric.title}', '', '| corruption | ' + ' | '.join(arm.label for arm in arms) + ' |',
                   '|---|' + '---:|' * len(arms)]
         lines += [f'| {corruption} | ' + ' | '.join(cell(row['arms'][arm.name][metric.key]) for arm in arms) + ' |'

@@ -191,3 +191,26 @@ def test_query_granularity_is_the_default_and_unchanged(rig):
 def test_unknown_granularity_raises():
     with pytest.raises(ValueError, match=r"granularity must be one of \('query', 'sample'\), got 'batch'"):
         AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64, granularity='batch')
+
+
+def test_the_lie_labels_mark_the_lying_modality_of_a_sample():
+    """With lie_targets a sample's ghosts or misaligned cloud label LiDAR lost, its yawed views camera: both for
+    mixed_lie; the flags without lies and the other samples are unchanged."""
+    ghost = [[5.0, 0.0, -1.0, 4.0, 2.0, 1.5, 0.0]]
+    metas = [dict(corruption=dict(mode='lidar_ghost', ghost_boxes=ghost)),
+             dict(corruption=dict(mode='view_yaw', yawed_views=[1, 4])),
+             dict(corruption=dict(mode='lidar_misalign', misaligned=True)),
+             dict(corruption=dict(mode='lidar_misalign', misaligned=False)),
+             dict(corruption=dict(mode='mixed_lie', yawed_views=[0], ghost_boxes=ghost)),
+             dict(dropped_modalities=['image'])]
+    lidar, camera = modality_drop_flags(metas, torch.device('cpu'), lies=True)
+    assert lidar.tolist() == [True, False, True, False, True, False]
+    assert camera.tolist() == [False, True, False, False, True, True]
+    lidar, camera = modality_drop_flags(metas, torch.device('cpu'))
+    assert not lidar.any() and camera.tolist() == [False] * 5 + [True]
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, feedforward_channels=64, aux_loss_weight=1.0,
+                                   lie_targets=True)
+    high = torch.full((6, 4), 0.99)
+    lidar, camera = modality_drop_flags(metas, torch.device('cpu'), lies=True)
+    expected = routing_loss(high, high, lidar, camera)
+    assert torch.allclose(generator.loss(high, high, metas)['loss_aqr_routing'], expected)

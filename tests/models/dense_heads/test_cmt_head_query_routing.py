@@ -236,10 +236,12 @@ def _check_matched_targets(head, preds, boxes, labels, meta, num_points, expecte
     assert losses['loss_aqr_query'].item() == pytest.approx(reference.item(), rel=1e-6)
 
 
-def test_the_lie_options_need_the_query_loss():
-    for option in (dict(unmatched_loss_weight=1.0), dict(lie_targets=True)):
-        with pytest.raises(ValueError, match='need query_loss_weight > 0'):
-            _head(query_loss_weight=0.0, **option)
+def test_the_lie_options_need_a_routing_loss():
+    with pytest.raises(ValueError, match='needs query_loss_weight > 0'):
+        _head(query_loss_weight=0.0, unmatched_loss_weight=1.0)
+    with pytest.raises(ValueError, match=r'needs query_loss_weight > 0 \(per query\) or aux_loss_weight > 0'):
+        _head(query_loss_weight=0.0, lie_targets=True)
+    assert _head(query_loss_weight=0.0, aux_loss_weight=1.0, lie_targets=True).aqr_weight_generator.lie_targets
     with pytest.raises(ValueError, match='unmatched_loss_weight must be >= 0'):
         _head(unmatched_loss_weight=-1.0)
 

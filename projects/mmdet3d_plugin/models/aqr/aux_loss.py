@@ -10,6 +10,9 @@ Samples with nothing dropped carry no target. The flags are read from
 was dropped. A whole-sensor ``SensorCorruption`` (``lidar_drop``,
 ``camera_drop`` in ``img_meta['corruption']``, e.g. from the training
 pipeline's ``RandomSensorCorruption``) drops its modality just the same.
+With ``lies``, a modality that lies somewhere in the sample (ghosts or a
+misaligned cloud: LiDAR; yawed views: camera; ``sensor_lies.lying_modalities``)
+is labelled as lost too: MoME's per-sample label for sensors that lie.
 """
 from typing import Mapping, Sequence, Set, Tuple
 
@@ -19,6 +22,7 @@ from torch import Tensor
 from ...datasets.pipelines.corruption import CORRUPTION_KEY
 from ...datasets.pipelines.modal_mask_3d import DROPPED_MODALITIES_KEY, MODALITIES as MODALITY_NAMES
 from ...utils.host_data import host_to_device
+from .sensor_lies import lying_modalities
 
 #: The ``SensorCorruption`` modes that remove a whole modality, and the modality each removes.
 DROPPING_CORRUPTIONS = {'lidar_drop': 'points', 'camera_drop': 'image'}
@@ -46,17 +50,20 @@ def dropped_modalities(meta: Mapping, index: int = 0) -> Set[str]:
     return dropped
 
 
-def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device) -> Tuple[Tensor, Tensor]:
+def modality_drop_flags(img_metas: Sequence[Mapping], device: torch.device,
+                        lies: bool = False) -> Tuple[Tensor, Tensor]:
     """Which samples had their LiDAR / camera input dropped (by ``ModalMask3D`` or a whole-sensor corruption).
 
     Args:
         img_metas (Sequence[Mapping]): one dict per sample.
         device (torch.device): device of the result.
+        lies (bool): a modality that lies somewhere in the sample counts as dropped.
 
     Returns:
         tuple[Tensor, Tensor]: ``lidar_dropped [bs]`` and ``camera_dropped [bs]`` bool.
     """
-    dropped = [dropped_modalities(meta, i) for i, meta in enumerate(img_metas)]
+    dropped = [dropped_modalities(meta, i) | (lying_modalities(meta) if lies else set())
+               for i, meta in enumerate(img_metas)]
     return (host_to_device(['points' in lost for lost in dropped], device, torch.bool),
             host_to_device(['image' in lost for lost in dropped], device, torch.bool))
 

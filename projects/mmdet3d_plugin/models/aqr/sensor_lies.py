@@ -13,9 +13,10 @@ says where:
   (:func:`lidar_misaligned`).
 
 A query whose reference point is within ``GHOST_MARGIN_M`` of a ghost's box in bird's eye view
-(:func:`near_boxes`) reads a LiDAR that lies to it. Pure functions of tensors and metas.
+(:func:`near_boxes`) reads a LiDAR that lies to it; :func:`lying_modalities` names the sensors that lie somewhere
+in a sample (a per-sample gate's label). Pure functions of tensors and metas.
 """
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, Set
 
 import torch
 from mmdet3d.core.bbox import LiDARInstance3DBoxes
@@ -84,6 +85,14 @@ def yawed_views(img_meta: Mapping) -> Sequence[int]:
 def lidar_misaligned(img_meta: Mapping) -> bool:
     """Whether the corruption moved the whole point cloud against the cameras (``corruption['misaligned']``)."""
     return bool(_record(img_meta).get('misaligned', False))
+
+
+def lying_modalities(img_meta: Mapping) -> Set[str]:
+    """The modalities whose evidence the corruption falsified somewhere in the sample: ``'points'`` with ghosts or
+    a misaligned point cloud, ``'image'`` with yawed views (the names of ``ModalMask3D``'s ``mask_modal``)."""
+    record = _record(img_meta)
+    lying = {'points'} if record.get('ghost_boxes') or lidar_misaligned(img_meta) else set()
+    return lying | ({'image'} if yawed_views(img_meta) else set())
 
 
 def near_boxes(xy: Tensor, boxes: Tensor, margin: float = GHOST_MARGIN_M) -> Tensor:

@@ -145,11 +145,13 @@ class AQRWeightGenerator(BaseModule):
             ``lie_targets``) does not lie there; camera 1 where the point
             projects into a live view (``routing_targets.unmatched_query_targets``);
             0 turns it off. Default: 0.
-        lie_targets (bool): the per-query targets know where a sensor lies
-            (``sensor_lies``; needs ``query_loss_weight > 0``): a yawed view is
-            no live view (camera 0), a misaligned point cloud gives every query
-            LiDAR 0, and an unmatched query within 2 m of a ghost's box gets
-            LiDAR 0. Default: False.
+        lie_targets (bool): the routing targets know where a sensor lies
+            (``sensor_lies``; needs ``query_loss_weight > 0`` or
+            ``aux_loss_weight > 0``): per query, a yawed view is no live view
+            (camera 0), a misaligned point cloud gives every query LiDAR 0, and
+            an unmatched query within 2 m of a ghost's box gets LiDAR 0; per
+            sample (the auxiliary loss), a modality that lies anywhere in the
+            sample is labelled as lost. Default: False.
         granularity (str): ``'query'``: every query gets its own weights;
             ``'sample'``: a global gate, one LiDAR and one camera weight per
             sample: the weight head's logits are averaged over the sample's
@@ -201,9 +203,11 @@ class AQRWeightGenerator(BaseModule):
             raise ValueError(f'min_lidar_points must be >= 1, got {min_lidar_points}')
         if unmatched_loss_weight < 0:
             raise ValueError(f'unmatched_loss_weight must be >= 0, got {unmatched_loss_weight}')
-        if (unmatched_loss_weight > 0 or lie_targets) and query_loss_weight == 0:
-            raise ValueError('unmatched_loss_weight and lie_targets shape the per-query routing loss: they need '
-                             'query_loss_weight > 0')
+        if unmatched_loss_weight > 0 and query_loss_weight == 0:
+            raise ValueError('unmatched_loss_weight shapes the per-query routing loss: it needs query_loss_weight > 0')
+        if lie_targets and query_loss_weight == 0 and aux_loss_weight == 0:
+            raise ValueError('lie_targets shapes the routing losses: it needs query_loss_weight > 0 (per query) or '
+                             'aux_loss_weight > 0 (per sample)')
         self.query_loss_weight = float(query_loss_weight)
         self.min_lidar_points = int(min_lidar_points)
         self.unmatched_loss_weight = float(unmatched_loss_weight)
@@ -314,14 +318,15 @@ class AQRWeightGenerator(BaseModule):
             lidar_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
             camera_weights (Tensor): ``[bs, Q]`` from :meth:`forward`.
             img_metas (Sequence[dict]): with ``dropped_modalities`` where
-                ``ModalMask3D`` dropped an input (see :mod:`.aux_loss`).
+                ``ModalMask3D`` dropped an input (see :mod:`.aux_loss`); with
+                ``lie_targets`` their corruption records.
 
         Returns:
             dict[str, Tensor]: ``{'loss_aqr_routing': scalar}`` or ``{}``.
         """
         if self.aux_loss_weight == 0:
             return {}
-        lidar_dropped, camera_dropped = modality_drop_flags(img_metas, lidar_weights.device)
+        lidar_dropped, camera_dropped = modality_drop_flags(img_metas, lidar_weights.device, self.lie_targets)
         return dict(loss_aqr_routing=self.aux_loss_weight *
                     routing_loss(lidar_weights, camera_weights, lidar_dropped, camera_dropped))
 
