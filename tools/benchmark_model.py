@@ -12,7 +12,7 @@ Examples::
     python tools/benchmark_model.py --shapes vov --modes train --cfg-options model.img_backbone.with_cp=True
     # on a GPU: half-precision cross-attention (the default, as upstream CMT), then the float32 pair
     python tools/benchmark_model.py --device cuda --pairs 3
-    python tools/benchmark_model.py --device cuda --pairs 3 --attention-dtype float32
+    python tools/benchmark_model.py --device cuda --pairs 3 --attention-dtype float32  # or --mixed-precision
     # any two configs; tiny shapes (seconds)
     python tools/benchmark_model.py --configs A.py B.py --tiny
 
@@ -86,12 +86,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'back to the usual choice, logged')
     add_tiled_bias_launch_argument(parser)
     add_attention_dtype_argument(parser)
+    parser.add_argument('--mixed-precision', action='store_true', help="(CUDA) as the configs' fp16 optimizer hook")
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.warmup < 0 or (args.boxes is not None and args.boxes < 1):
         parser.error('--pairs and --boxes must be >= 1 and --warmup >= 0')
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         parser.error('no CUDA device is visible to torch')
+    if args.mixed_precision and not args.device.startswith('cuda'):
+        parser.error("--mixed-precision needs --device cuda (on the CPU the configs' fp16 hook trains in fp32)")
     return args
 
 

@@ -128,3 +128,38 @@ def test_freed_memory_is_kept_only_when_asked_and_only_on_the_cpu(monkeypatch):
     monkeypatch.setattr(model_benchmark, 'keep_freed_memory', lambda: False)
     assert model_benchmark._host_allocator(ModelBenchmarkOptions(keep_freed_memory=True)) == \
         'host malloc as it comes (not glibc)'
+
+
+def test_the_loss_scaler_of_mixed_precision_leaves_the_update_unchanged():
+    """The scaled loss's gradients are unscaled before clipping and the step: one training step of the same model
+    and batch moves every parameter as the fp32 step does (the scale is a power of two; SGD, whose update, unlike
+    Adam's, grows with a gradient left scaled)."""
+    args = _tiny(configs=list(DEMO_PAIR))
+    models, cfgs, _ = build_pair(DEMO_PAIR[:1] * 2, args)
+    cfgs[0].optimizer = dict(type='SGD', lr=0.01)
+    batch = make_batch(cfgs[0], args)
+    for model, mixed in zip(models, (False, True)):
+        torch.manual_seed(0)
+        make_run(model, cfgs[0], 'train', batch, PartTimer(torch.device('cpu')), mixed_precision=mixed)()
+    moved = dict(models[0].named_parameters())
+    for name, value in models[1].named_parameters():
+        torch.testing.assert_close(value, moved[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_mixed_precision_is_the_configs_fp16_hook_and_needs_cuda():
+    from projects.mmdet3d_plugin.mmcv_custom.fp16_optimizer_hook import enable_config_fp16
+    args = _tiny()
+    cfg = load_config(R50_PAIR[1], args)
+    model = build_detector(cfg, seed=0)
+    enable_config_fp16(model, cfg.optimizer_config)
+    assert cfg.optimizer_config.custom_fp16 == dict(pts_voxel_encoder=False, pts_middle_encoder=False,
+                                                    pts_bbox_head=False)
+    assert model.fp16_enabled and model.img_neck.fp16_enabled and model.pts_neck.fp16_enabled
+    assert not (model.pts_bbox_head.fp16_enabled or model.pts_voxel_encoder.fp16_enabled
+                or model.pts_middle_encoder.fp16_enabled)
+    with pytest.raises(ValueError, match='trains without mixed precision'):
+        enable_config_fp16(model, dict(type='OptimizerHook'))
+    with pytest.raises(KeyError, match=r"custom_fp16 names \['pts_head'\]"):
+        enable_config_fp16(model, dict(type='CustomFp16OptimizerHook', custom_fp16=dict(pts_head=False)))
+    with pytest.raises(ValueError, match='needs CUDA'):
+        ModelBenchmarkOptions(mixed_precision=True).resolved()

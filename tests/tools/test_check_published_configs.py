@@ -40,6 +40,11 @@ def test_the_six_published_configs_are_checked_and_only_their_schedule_and_data_
     train_types = [step['type'] for step in checked.data.train.dataset.pipeline]
     assert train_types == [step['type'] for step in original.data.train.dataset.pipeline]
     assert checked.data.train.dataset.ann_file == osp.join(nuscenes_shaped, 'nuscenes_infos_train.pkl')
+    assert 'custom_hooks' not in checked
+    listed = checked_config(f'configs/{SLICE_CONFIG}.py', nuscenes_shaped, iters=3, host_syncs=True)
+    assert listed.custom_hooks == [dict(type='HostSyncReportHook', start=1, iters=2)]
+    assert checked_config(f'configs/{SLICE_CONFIG}.py', nuscenes_shaped, iters=1,
+                          host_syncs=True).custom_hooks[0]['start'] == 0
     with pytest.raises(SystemExit, match='not published configs'):
         check_published_configs.select_configs(['demo/cmt_synthetic_tiny'])
 
@@ -48,9 +53,13 @@ def test_log_summary_and_table_flag_a_non_finite_loss(tmp_path):
     lines = [dict(mode='train', iter=1, time=9.0, loss=1.0), dict(mode='train', iter=2, time=4.0, loss=float('nan'))]
     (tmp_path / '20260101_000000.log.json').write_text('\n'.join(json.dumps(line) for line in lines))
     summary = train_log_summary(str(tmp_path))
-    assert summary == dict(seconds_per_iter=4.0, losses_finite=False, peak_gpu_mib=None)
+    assert summary == dict(seconds_per_iter=4.0, losses_finite=False, peak_gpu_mib=None, host_syncs_per_iter=None)
     table = results_table([ConfigCheck('configs/x.py', **summary)])
     assert '| x.py | 4.0 |' in table and '**no**' in table
+    (tmp_path / '20260101_000000.log').write_text('INFO - HostSyncReportHook: iterations 1-2, host syncs / iter: 2.5\n')
+    summary = train_log_summary(str(tmp_path))
+    assert summary['host_syncs_per_iter'] == 2.5
+    assert '| **no** | 2.5 |' in results_table([ConfigCheck('configs/x.py', **summary)])
 
 
 @pytest.mark.slow(seconds=150)

@@ -9,7 +9,10 @@ seed and B gets every parameter and buffer of A with the same name and shape
 
 Modes: ``inference`` is ``simple_test`` under ``torch.no_grad``; ``train`` is
 one training step: forward and losses, backward, gradient clipping and the
-optimizer step (:class:`.optimizer_step.OptimizerStep`), in fp32. ``freeze``
+optimizer step (:class:`.optimizer_step.OptimizerStep`), in fp32, or with
+``mixed_precision`` (CUDA) as the configs' fp16 optimizer hook trains:
+``auto_fp16`` modules under autocast but those ``custom_fp16`` keeps in fp32,
+the loss scaled by a dynamic ``GradScaler``. ``freeze``
 keeps those submodules from training in A and B. After ``warmup`` runs of
 each, A and B alternate ``pairs`` times; a result has each one's median time
 and the median, min and max of the paired ratios B/A, so that a change of
@@ -38,6 +41,7 @@ from mmcv import Config
 from torch import nn
 
 from ..attention.dispatch import recorded_backends
+from ..mmcv_custom.fp16_optimizer_hook import enable_config_fp16
 from ..models.utils.petr_attention import set_attention_dtype
 from ..utils.cpu_allocator import keep_freed_memory
 from .optimizer_step import OptimizerStep
@@ -91,6 +95,7 @@ class ModelBenchmarkOptions:
             still measured with the allocator as it comes).
         attention_dtype (str, optional): every cross-attention's ``attention_dtype`` in A and B (``'auto'``,
             ``'float16'``, ``'bfloat16'``, ``'float32'``; default: the configs').
+        mixed_precision (bool): A and B in their configs' mixed precision (CUDA only; see the module docstring).
     """
 
     shapes: List[str] = field(default_factory=lambda: sorted(SHAPES))
@@ -113,9 +118,17 @@ class ModelBenchmarkOptions:
     memory: str = 'auto'
     keep_freed_memory: bool = False
     attention_dtype: Optional[str] = None
+    mixed_precision: bool = False
 
     def resolved(self) -> 'ModelBenchmarkOptions':
-        """A copy with the options not given taken from :data:`TINY` (``tiny``) or :data:`FULL`."""
+        """A copy with the options not given taken from :data:`TINY` (``tiny``) or :data:`FULL`.
+
+        Raises:
+            ValueError: ``mixed_precision`` off CUDA (mmcv's ``auto_fp16`` would cast the inputs to half).
+        """
+        if self.mixed_precision and not self.device.startswith('cuda'):
+            raise ValueError(f'mixed precision (the configs\' fp16 optimizer hook) needs CUDA, got device '
+                             f'{self.device!r}: on the CPU the hook trains in fp32')
         options = dataclasses.replace(self)
         for name, value in (TINY if self.tiny else FULL).items():
             if getattr(options, name) is None:
@@ -238,10 +251,12 @@ def build_pair(paths: Tuple[str, str],
     cfgs = [load_config(path, options) for path in paths]
     models = [build_detector(cfg, options.seed) for cfg in cfgs]
     shared = share_weights(models[0], models[1])
-    for model in models:
+    for model, cfg in zip(models, cfgs):
         freeze_modules(model, options.freeze)
         if options.attention_dtype is not None:
             set_attention_dtype(model, options.attention_dtype)
+        if options.mixed_precision:
+            enable_config_fp16(model, cfg.get('optimizer_config') or {})
     return [model.to(options.device) for model in models], cfgs, len(shared)
 
 
@@ -252,8 +267,11 @@ def make_batch(cfg: Config, options: ModelBenchmarkOptions) -> dict:
                              points_per_box=max(1, options.points // options.boxes))
 
 
-def make_run(model: nn.Module, cfg: Config, mode: str, batch: dict, timer: PartTimer) -> Callable[[], None]:
-    """One run of ``mode`` on ``batch``: ``simple_test`` without gradients, or a whole training step."""
+def make_run(model: nn.Module, cfg: Config, mode: str, batch: dict, timer: PartTimer,
+             mixed_precision: bool = False) -> Callable[[], None]:
+    """One run of ``mode`` on ``batch``: ``simple_test`` without gradients, or a whole training step (with
+    ``mixed_precision``, its loss scaled and its gradients unscaled before clipping by a dynamic ``GradScaler``, as
+    mmcv's ``Fp16OptimizerHook`` does)."""
     if mode == 'inference':
         model.eval()
 
@@ -264,10 +282,13 @@ def make_run(model: nn.Module, cfg: Config, mode: str, batch: dict, timer: PartT
         return run_inference
     model.train()
     step = OptimizerStep(model, cfg)
+    scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=mixed_precision)
 
     def update() -> None:
+        scaler.unscale_(step.optimizer)
         step.clip_grads()
-        step.optimizer.step()
+        scaler.step(step.optimizer)
+        scaler.update()
         step.optimizer.zero_grad(set_to_none=True)
 
     forward = timer.wrap(TRAIN_ROWS[0], model.train_step)
@@ -275,7 +296,7 @@ def make_run(model: nn.Module, cfg: Config, mode: str, batch: dict, timer: PartT
     update = timer.wrap(TRAIN_ROWS[2], update)
 
     def run_train_step() -> None:
-        backward(forward(batch, None)['loss'])
+        backward(scaler.scale(forward(batch, None)['loss']))
         update()
 
     return run_train_step
@@ -361,7 +382,8 @@ def benchmark_shape(shape: str, paths: Tuple[str, str], options: ModelBenchmarkO
           flush=True)
     results = []
     for mode in options.modes:
-        runs = [make_run(model, cfg, mode, batch, timer) for model, cfg, timer in zip(models, cfgs, timers)]
+        runs = [make_run(model, cfg, mode, batch, timer, options.mixed_precision)
+                for model, cfg, timer in zip(models, cfgs, timers)]
         result = dict(shape=shape, mode=mode, configs=list(paths), shared_tensors=num_shared,
                       frozen=list(options.freeze), cfg_options=dict(options.cfg_options), points_per_sample=points,
                       **paired_runs(runs, timers, options))

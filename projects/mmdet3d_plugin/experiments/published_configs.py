@@ -5,7 +5,8 @@ For each config (:data:`PUBLISHED_CONFIGS`), in ``<work dir>/<config name>/``:
 1. ``<config name>.py``: the config with the data root pointed at the given set and its schedule cut to
    ``iters`` iterations (``IterBasedRunner``, a checkpoint at the end, a log line per iteration) and
    nothing else changed: its train pipeline (GT sampling, CBGS, GridMask where it has it), optimizer and
-   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` only when asked);
+   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` only when asked;
+   ``host_syncs``: a ``HostSyncReportHook`` lists the host synchronisations of the iterations after the first);
 2. ``tools/dist_train.sh <config> <processes>``;
 3. ``tools/dist_test.sh <config> <checkpoint> <processes> --eval bbox``;
 4. ``tools/test.py <config> <checkpoint> --format-only``: ``results_nusc.json``, loaded back with the
@@ -13,7 +14,8 @@ For each config (:data:`PUBLISHED_CONFIGS`), in ``<work dir>/<config name>/``:
 
 and :func:`results_table` prints one row per config: seconds per iteration (median of the logged iterations
 after the first), peak memory (the processes' summed proportional set size, sampled every second; the GPU's
-peak as logged by mmcv on CUDA), whether every logged loss is finite, NDS and the submission's samples.
+peak as logged by mmcv on CUDA), whether every logged loss is finite, the host synchronisations per iteration
+(``host_syncs``, on CUDA), NDS and the submission's samples.
 """
 import contextlib
 import glob
@@ -21,6 +23,7 @@ import json
 import math
 import os
 import os.path as osp
+import re
 import signal
 import statistics
 import threading
@@ -36,6 +39,8 @@ from .tool_runner import start_tool
 PUBLISHED_CONFIGS = tuple(sorted(osp.relpath(path, REPO_ROOT)
                                  for path in glob.glob(osp.join(REPO_ROOT, 'configs', 'cmt_*.py'))))
 NDS_KEY = 'pts_bbox_NuScenes/NDS'
+#: ``HostSyncReportHook``'s total in the training log.
+HOST_SYNCS = re.compile(r'host syncs / iter: ([0-9.eE+-]+)')
 
 
 @dataclass
@@ -47,6 +52,7 @@ class ConfigCheck:
     peak_host_mib: Optional[float] = None
     peak_gpu_mib: Optional[float] = None
     losses_finite: Optional[bool] = None
+    host_syncs_per_iter: Optional[float] = None
     nds: Optional[float] = None
     submission_samples: Optional[int] = None
     wall_seconds: Dict[str, float] = field(default_factory=dict)
@@ -54,7 +60,7 @@ class ConfigCheck:
 
 
 def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Optional[int] = None,
-                   workers_per_gpu: Optional[int] = None):
+                   workers_per_gpu: Optional[int] = None, host_syncs: bool = False):
     """``config`` (a path) as it runs in the check (see the module docstring); an mmcv ``Config``."""
     from mmcv import Config
 
@@ -67,6 +73,10 @@ def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Opt
         cfg.data.samples_per_gpu = samples_per_gpu
     if workers_per_gpu is not None:
         cfg.data.workers_per_gpu = workers_per_gpu
+    if host_syncs:
+        start = min(1, iters - 1)
+        cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
+            dict(type='HostSyncReportHook', start=start, iters=iters - start)]
     return cfg
 
 
@@ -132,7 +142,8 @@ def run_measured(command: List[str], env: Dict[str, str], interval_s: float = 1.
 
 def train_log_summary(work_dir: str) -> Dict[str, Optional[float]]:
     """From the newest ``*.log.json`` of ``work_dir``: median seconds per iteration after the first, whether
-    every logged loss is finite, the GPU's peak MiB (``None`` when not logged)."""
+    every logged loss is finite, the GPU's peak MiB; from the newest ``*.log``: the host synchronisations per
+    iteration (each ``None`` when not logged)."""
     logs = sorted(glob.glob(osp.join(work_dir, '*.log.json')))
     with open(logs[-1]) as f:
         entries = [json.loads(line) for line in f if line.strip()]
@@ -140,9 +151,12 @@ def train_log_summary(work_dir: str) -> Dict[str, Optional[float]]:
     times = [entry['time'] for entry in train]
     losses = [value for entry in train for key, value in entry.items() if key.startswith('loss')]
     memory = [entry['memory'] for entry in train if 'memory' in entry]
+    text_logs = sorted(glob.glob(osp.join(work_dir, '*.log')))
+    syncs = HOST_SYNCS.findall(open(text_logs[-1]).read()) if text_logs else []
     return dict(seconds_per_iter=statistics.median(times[1:] or times) if times else None,
                 losses_finite=bool(losses) and all(math.isfinite(value) for value in losses),
-                peak_gpu_mib=max(memory) if memory else None)
+                peak_gpu_mib=max(memory) if memory else None,
+                host_syncs_per_iter=float(syncs[-1]) if syncs else None)
 
 
 def submission_samples(path: str) -> int:
@@ -154,13 +168,14 @@ def submission_samples(path: str) -> int:
 
 
 def check_config(config: str, data_root: str, work_dir: str, iters: int, processes: int,
-                 samples_per_gpu: Optional[int] = None, workers_per_gpu: Optional[int] = None) -> ConfigCheck:
+                 samples_per_gpu: Optional[int] = None, workers_per_gpu: Optional[int] = None,
+                 host_syncs: bool = False) -> ConfigCheck:
     """Steps 1–4 of the module docstring for one config; stops at the first step that fails (``failed``)."""
     name = osp.splitext(osp.basename(config))[0]
     folder = osp.abspath(osp.join(work_dir, name))
     os.makedirs(folder, exist_ok=True)
     cfg_path = osp.join(folder, f'{name}.py')
-    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu).dump(cfg_path)
+    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu, host_syncs).dump(cfg_path)
     row = ConfigCheck(config)
     train_dir, checkpoint = osp.join(folder, 'train'), osp.join(folder, 'train', 'latest.pth')
     steps = [('train', ['tools/dist_train.sh', cfg_path, str(processes), '--work-dir', train_dir]),
@@ -190,15 +205,16 @@ def _number(value: Optional[float], digits: int) -> str:
 
 def results_table(rows: List[ConfigCheck]) -> str:
     """The Markdown table of the checked configs (one row each)."""
-    lines = ['| config | s / iter | peak host MiB | peak GPU MiB | losses finite | NDS | submission | minutes '
-             '(train / test / format) | failed |', '|---|---:|---:|---:|---|---:|---|---|---|']
+    lines = ['| config | s / iter | peak host MiB | peak GPU MiB | losses finite | host syncs / iter | NDS | submission '
+             '| minutes (train / test / format) | failed |', '|---|---:|---:|---:|---|---:|---:|---|---|---|']
     for row in rows:
         submission = '-' if row.submission_samples is None else f'results_nusc.json, {row.submission_samples} samples'
         minutes = ' / '.join(f'{seconds / 60:.1f}' for seconds in row.wall_seconds.values())
         finite = '-' if row.losses_finite is None else ('yes' if row.losses_finite else '**no**')
         lines.append(f'| {osp.basename(row.config)} | {_number(row.seconds_per_iter, 1)} | '
                      f'{_number(row.peak_host_mib, 0)} | {_number(row.peak_gpu_mib, 0)} | {finite} | '
-                     f'{_number(row.nds, 4)} | {submission} | {minutes} | {row.failed or "-"} |')
+                     f'{_number(row.host_syncs_per_iter, 1)} | {_number(row.nds, 4)} | {submission} | {minutes} | '
+                     f'{row.failed or "-"} |')
     return '\n'.join(lines)
 
 

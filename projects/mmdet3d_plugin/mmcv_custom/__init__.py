@@ -2,6 +2,7 @@
 from .checkpoint import AtomicCheckpointHook, find_latest_valid_checkpoint
 from .device_log import DeviceLogBuffer, DeviceLogOptimizerHook
 from .fp16_optimizer_hook import CustomFp16OptimizerHook
+from .host_sync_report import HostSyncReportHook
 from .merged_param_groups import MergedParamGroupsOptimizerConstructor
 from .seeding import EpochSeedHook
 from .spconv_cpu import patch_spconv_cpu_stream
@@ -14,6 +15,6 @@ patch_trimesh_io()
 
 __all__ = [
     'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'DeviceLogBuffer', 'DeviceLogOptimizerHook', 'EpochSeedHook',
-    'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add',
+    'HostSyncReportHook', 'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add',
     'patch_spconv_cpu_stream', 'patch_trimesh_io'
 ]

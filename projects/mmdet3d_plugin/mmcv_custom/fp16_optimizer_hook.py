@@ -3,7 +3,38 @@ from typing import Dict, Optional
 
 import torch
 from mmcv.parallel import is_module_wrapper
-from mmcv.runner import HOOKS, Fp16OptimizerHook
+from mmcv.runner import HOOKS, Fp16OptimizerHook, wrap_fp16_model
+from torch import nn
+
+
+def check_custom_fp16(model: nn.Module, custom_fp16: Optional[Dict[str, bool]]) -> None:
+    """``KeyError`` if ``custom_fp16`` names a module that is not a top-level module of ``model``."""
+    unknown = [name for name in custom_fp16 or {} if name not in model._modules]
+    if unknown:
+        raise KeyError(f'custom_fp16 names {unknown}, which are not top-level modules of the model '
+                       f'(available: {sorted(model._modules)})')
+
+
+def apply_custom_fp16(model: nn.Module, custom_fp16: Optional[Dict[str, bool]]) -> None:
+    """Set ``fp16_enabled`` of the top-level modules ``custom_fp16`` names (name -> value; checked first)."""
+    check_custom_fp16(model, custom_fp16)
+    for name, enabled in (custom_fp16 or {}).items():
+        model._modules[name].fp16_enabled = enabled
+
+
+def enable_config_fp16(model: nn.Module, optimizer_config: Dict) -> None:
+    """What a config's fp16 optimizer hook does to the model before training (``tools/benchmark_model.py
+    --mixed-precision``): every module's ``auto_fp16`` methods run under autocast (``wrap_fp16_model``), then
+    ``custom_fp16`` keeps the modules it names in fp32.
+
+    Raises:
+        ValueError: ``optimizer_config`` is no fp16 optimizer hook.
+    """
+    if 'Fp16' not in str(optimizer_config.get('type', '')):
+        raise ValueError(f"the config trains without mixed precision: its optimizer_config is "
+                         f"{optimizer_config.get('type')!r}, not an fp16 optimizer hook")
+    wrap_fp16_model(model)
+    apply_custom_fp16(model, optimizer_config.get('custom_fp16'))
 
 
 @HOOKS.register_module()
@@ -33,13 +64,9 @@ class CustomFp16OptimizerHook(Fp16OptimizerHook):
 
     def before_run(self, runner) -> None:
         model = runner.model.module if is_module_wrapper(runner.model) else runner.model
-        unknown = [name for name in self.custom_fp16 if name not in model._modules]
-        if unknown:
-            raise KeyError(f'custom_fp16 names {unknown}, which are not top-level modules of the model '
-                           f'(available: {sorted(model._modules)})')
+        check_custom_fp16(model, self.custom_fp16)
         if not torch.cuda.is_available():
             runner.logger.warning('CustomFp16OptimizerHook: CUDA is not available, training in fp32')
             return
         super().before_run(runner)
-        for name, enabled in self.custom_fp16.items():
-            model._modules[name].fp16_enabled = enabled
+        apply_custom_fp16(model, self.custom_fp16)

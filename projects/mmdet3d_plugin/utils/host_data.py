@@ -257,22 +257,22 @@ class SyncingOpRecorder(TorchDispatchMode):
             pass
         elif name in _SYNCING_OPS or (name == 'aten::repeat_interleave' and kwargs.get('output_size') is None
                                       and isinstance(args[0 if func._overloadname == 'Tensor' else 1], Tensor)):
-            self.ops.append(f'{func} at {_caller()}')
+            self.ops.append(f'{func} at {calling_site()}')
         elif name in _BOOL_INDEX_OPS and any(index is not None and index.dtype == torch.bool
                                              for index in args[1]):
-            self.ops.append(f'{func} [boolean index] at {_caller()}')
+            self.ops.append(f'{func} [boolean index] at {calling_site()}')
         return func(*args, **kwargs)
 
 
-def _caller() -> str:
+def calling_site(skip: Sequence[str] = ()) -> str:
     """``file:line`` of the code that ran the current op: the forward line of the autograd node being run (anomaly
-    mode), else the innermost frame outside torch and this module."""
+    mode), else the innermost frame outside torch, this module and the files ``skip``."""
     node = torch._C._current_autograd_node()
     stack = node.metadata.get('traceback_') if node is not None else None
     if stack:
         frames = [line.strip() for line in ''.join(stack).splitlines() if line.strip().startswith('File ')]
         return f'{frames[-1]} (forward of {node.name()})' if frames else node.name()
     for frame in reversed(traceback.extract_stack()):
-        if '/torch/' not in frame.filename and frame.filename != __file__:
+        if '/torch/' not in frame.filename and frame.filename != __file__ and frame.filename not in skip:
             return f'{frame.filename}:{frame.lineno}'
     return 'unknown'
