@@ -93,6 +93,14 @@ install_project() {
     STEP="import check"
     (cd "$REPO_ROOT" && "$PY" -c "import mmcv, mmdet, mmdet3d, spconv.pytorch, projects.mmdet3d_plugin; \
 from mmcv.ops import Voxelization; print('imports OK: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmdet3d', mmdet3d.__version__)")
+    if [[ "$BUILD_MODE" == cuda ]]; then
+        STEP="check mmcv's CUDA ops"
+        local compiled
+        compiled="$("$PY" -c 'from mmcv.ops import get_compiling_cuda_version as v; print(v())')"
+        [[ "$compiled" =~ ^[0-9] ]] || fail "mmcv.ops has no CUDA ops (get_compiling_cuda_version: $compiled): delete \
+$CMT_AQR_HOME/wheels and run again"
+        log "mmcv.ops compiled with CUDA $compiled"
+    fi
     STEP="build the C++ slot kernel"
     # the CPU's window slot dot products (attention/slots/cpu_slot_dot.py): compiled once (~1 minute),
     # then only checked against its source's hash (seconds)
@@ -149,8 +157,11 @@ if [[ -z "$MMCV_WHEEL" ]]; then
     fi
     log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
+    # --no-cache-dir: pip would otherwise take a wheel it built before (the CPU build, or one for another torch)
+    # from its own cache instead of compiling; this script's cache above is per mode and torch version
     MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" MAX_JOBS="${MAX_JOBS:-$COMPILE_JOBS}" \
-        "${PIP[@]}" wheel -v --no-build-isolation --no-deps -w "$BUILD_DIR" "mmcv-full==$MMCV_VERSION" >"$BUILD_LOG" 2>&1 &
+        "${PIP[@]}" wheel -v --no-cache-dir --no-build-isolation --no-deps -w "$BUILD_DIR" "mmcv-full==$MMCV_VERSION" \
+        >"$BUILD_LOG" 2>&1 &
     BUILD_PID=$!
     while kill -0 "$BUILD_PID" 2>/dev/null; do
         sleep 60
