@@ -155,6 +155,14 @@ if [[ -z "$MMCV_WHEEL" ]]; then
         export TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; print(";".join(a[3:-1] + "." + a[-1] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')"
         [[ -n "$TORCH_CUDA_ARCH_LIST" ]] || export TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0+PTX"
     fi
+    if [[ "$BUILD_MODE" == cuda ]]; then
+        # PyPI's torch brings CUDA's library headers (cusparse.h, cublas_v2.h, ...) in its nvidia-* wheels; a
+        # toolkit with nvcc and the runtime alone lacks them, and torch's CUDA headers include them
+        NVIDIA_ROOT="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
+        for include in "${NVIDIA_ROOT:-/nonexistent}"/*/include; do
+            [[ -d "$include" ]] && export CPATH="$include${CPATH:+:$CPATH}"
+        done
+    fi
     log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
     # --no-cache-dir: pip would otherwise take a wheel it built before (the CPU build, or one for another torch)

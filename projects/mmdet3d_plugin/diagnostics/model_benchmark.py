@@ -1,31 +1,25 @@
 """Paired benchmark of two detector configs (default: CMT vs CMT-AQR) on fixed synthetic inputs
 (``tools/benchmark_model.py``; ``tools/check_gpu.py`` runs it on CUDA).
 
-Per shape (a pair of configs A and B) both detectors are built with the same
-seed and B gets every parameter and buffer of A with the same name and shape
-(:func:`share_weights`); both run one seeded synthetic batch
-(:mod:`.synthetic_batch`). :func:`shrink_config` makes a config cheaper
-(range, image size, queries) without changing its architecture.
+Per shape (a pair of configs A and B) both detectors are built with the same seed and B gets every parameter
+and buffer of A with the same name and shape (:func:`share_weights`); both run one seeded synthetic batch
+(:mod:`.synthetic_batch`). :func:`shrink_config` makes a config cheaper (range, image size, queries) without
+changing its architecture.
 
-Modes: ``inference`` is ``simple_test`` under ``torch.no_grad``; ``train`` is
-one training step: forward and losses, backward, gradient clipping and the
-optimizer step (:class:`.optimizer_step.OptimizerStep`), in fp32, or with
-``mixed_precision`` (CUDA) as the configs' fp16 optimizer hook trains:
-``auto_fp16`` modules under autocast but those ``custom_fp16`` keeps in fp32,
-the loss scaled by a dynamic ``GradScaler``. ``freeze``
-keeps those submodules from training in A and B. After ``warmup`` runs of
-each, A and B alternate ``pairs`` times; a result has each one's median time
-and the median, min and max of the paired ratios B/A, so that a change of
-machine load affects both sides of a ratio alike. Time is
-``time.perf_counter`` on the CPU, CUDA events on CUDA.
+Modes: ``inference`` is ``simple_test`` under ``torch.no_grad``; ``train`` is one training step: forward and
+losses, backward, gradient clipping and the optimizer step (:class:`.optimizer_step.OptimizerStep`), in fp32, or
+with ``mixed_precision`` (CUDA) as the configs' fp16 optimizer hook trains: ``auto_fp16`` modules under autocast
+but those ``custom_fp16`` keeps in fp32, the loss scaled by a dynamic ``GradScaler``. ``freeze`` keeps those
+submodules from training in A and B. After ``warmup`` runs of each, A and B alternate ``pairs`` times; a result
+has each one's median time and the median, min and max of the paired ratios B/A, so that a change of machine
+load affects both sides of a ratio alike. Time is ``time.perf_counter`` on the CPU, CUDA events on CUDA.
 
-Per part (:mod:`.part_timer`): mean milliseconds of the backbones, necks,
-voxel layers, encoders, head, AQR generators, transformer, each attention,
-the head's ``loss`` and its assigner; in training also forward, backward and
-optimizer step; per model, the attention kernels and dtypes its runs used (``attention``;
-``attention_dtype`` sets every cross-attention's precision). Peak memory: ``torch.cuda.max_memory_allocated`` beyond the
-memory before the run on CUDA; on the CPU ``VmHWM - VmRSS`` around one run in
-a separate process (:mod:`.process_memory`).
+Per part (:mod:`.part_timer`): mean milliseconds of the backbones, necks, voxel layers, encoders, head, AQR
+generators, transformer, each attention, the head's ``loss`` and its assigner; in training also forward, backward
+and optimizer step; per model, the attention kernels and dtypes its runs used (``attention``; ``attention_dtype``
+sets every cross-attention's precision). Peak memory: ``torch.cuda.max_memory_allocated`` beyond the memory
+before the run on CUDA; on the CPU ``VmHWM - VmRSS`` around one run in a separate process
+(:mod:`.process_memory`).
 """
 import dataclasses
 import gc
