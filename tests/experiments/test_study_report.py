@@ -3,7 +3,7 @@ import pytest
 
 from projects.mmdet3d_plugin.experiments.study_arms import study_arm
 from projects.mmdet3d_plugin.experiments.study_report import (bar_chart, cell, degradation_lines, markdown_report,
-                                                       metric_tables, paired_difference, summarise)
+                                                       metric_tables, paired_difference, per_seed_lines, summarise)
 
 
 def _result(mAP, recall=None, status='ok'):
@@ -109,3 +109,13 @@ def test_degradation_compares_each_two_sensor_arm_with_the_surviving_sensors_mod
     assert '| CMT-AQR | +0.000 (-0.010 … +0.010) | **+0.010** (+0.010 … +0.010) |' in lines
     assert not any(line.startswith('| LiDAR only') or line.startswith('| camera only') for line in lines)
     assert degradation_lines({name: runs[name] for name in ('control', 'aqr_targets')}, arms) == []
+
+
+def test_the_per_seed_table_lists_every_seeds_map():
+    arms = [study_arm('stage1'), study_arm('control'), study_arm('aqr_targets')]
+    lines = per_seed_lines(_runs(), arms, [0, 1, 2])
+    assert lines[:3] == ['## mAP per seed', '', 'Seeds 0 / 1 / 2 (`n/a`: the run failed).']
+    assert '| clean | 0.300 / 0.200 / 0.350 | 0.400 / 0.100 / 0.300 | 0.500 / 0.200 / n/a |' in lines
+    assert per_seed_lines(_runs(), arms, [0]) == []
+    text = markdown_report('Title', [], summarise(_runs(), ['clean']), arms, 'chart.png', {}, '', per_seed=lines)
+    assert text.index('## mAP per seed') < text.index('](chart.png)')

@@ -31,7 +31,7 @@ from mmcv import Config
 
 from ..datasets.corruption_config import describe_corruptions
 from .study_arms import StudyArm, arm_config, checkpoint_arm, study_arm, study_design
-from .study_report import Runs, bar_chart, degradation_lines, markdown_report, summarise
+from .study_report import Runs, bar_chart, degradation_lines, markdown_report, per_seed_lines, summarise
 
 #: The arm every stage-2 arm starts from.
 STAGE1 = 'stage1'
@@ -387,7 +387,7 @@ class RobustnessStudy:
                    f'the attention bias of the highest-scoring query (`tools/visualize_aqr.py`).'
                    if self.draws_pictures else '')
         text = markdown_report(self.design.title, self.intro(minutes), summary, self.arms, chart, pictures, caption,
-                               degradation_lines(runs, self.arms))
+                               degradation_lines(runs, self.arms), per_seed_lines(runs, self.arms, options.seeds))
         with open(self.path(options.out, f'{report}.md'), 'w') as f:
             f.write(text)
         mmcv.dump(dict(options=asdict(options), arms=[asdict(arm) for arm in self.arms], summary=summary, runs=runs,

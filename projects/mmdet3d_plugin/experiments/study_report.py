@@ -202,13 +202,29 @@ def bar_chart(summary: Dict[str, dict], arms: Sequence[StudyArm], path: str) -> 
     plt.close(fig)
 
 
+def per_seed_lines(runs: Runs, arms: Sequence[StudyArm], seeds: Sequence[int]) -> List[str]:
+    """Markdown lines: every arm's mAP under every corruption of the runs, seed by seed (none for one seed)."""
+    if len(seeds) < 2:
+        return []
+    mAP = METRICS[0]
+    corruptions = list(runs[arms[0].name][0]) if runs.get(arms[0].name) else []
+    lines = ['## mAP per seed', '', f'Seeds {" / ".join(map(str, seeds))} (`n/a`: the run failed).', '',
+             '| corruption | ' + ' | '.join(arm.label for arm in arms) + ' |', '|---|' + '---:|' * len(arms)]
+    for corruption in corruptions:
+        cells = [' / '.join('n/a' if value is None else f'{value:.3f}'
+                            for value in (mAP.of(seed.get(corruption, {})) for seed in runs[arm.name]))
+                 for arm in arms]
+        lines.append(f'| {corruption} | ' + ' | '.join(cells) + ' |')
+    return lines + ['']
+
+
 def markdown_report(title: str, intro: Sequence[str], summary: Dict[str, dict], arms: Sequence[StudyArm],
                     chart: str, pictures: Dict[str, List[str]], picture_caption: str,
-                    degradation: Sequence[str] = ()) -> str:
+                    degradation: Sequence[str] = (), per_seed: Sequence[str] = ()) -> str:
     """The text of ``study.md``: title, setup (``intro`` lines), the ``degradation`` lines
-    (:func:`degradation_lines`), one pair of tables per metric, the chart and the routing pictures
-    (``{corruption: [file names]}``, relative to the report)."""
-    lines = [f'# {title}', '', *intro, '', *degradation, *metric_tables(summary, arms),
+    (:func:`degradation_lines`), one pair of tables per metric, the ``per_seed`` lines (:func:`per_seed_lines`),
+    the chart and the routing pictures (``{corruption: [file names]}``, relative to the report)."""
+    lines = [f'# {title}', '', *intro, '', *degradation, *metric_tables(summary, arms), *per_seed,
              f'![mAP and NDS per corruption and arm, the seeds\' range as error bars]({chart})', '']
     if pictures:
         lines += [picture_caption, '']
