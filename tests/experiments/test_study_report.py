@@ -84,6 +84,8 @@ def test_report_and_chart(tmp_path):
     summary = summarise({arm: runs for arm, runs in _runs().items() if arm != 'stage1'}, ['clean'])
     bar_chart(summary, arms, str(tmp_path / 'chart.png'))
     assert (tmp_path / 'chart.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    shared = [{'clean': _result(0.1)}] * 3  # a shared stage 1: its mean rounds above its equal values
+    bar_chart(summarise(dict(control=shared, aqr_targets=shared), ['clean']), arms, str(tmp_path / 'shared.png'))
     text = markdown_report('Title', ['setup'], summary, arms, 'chart.png', {'mixed:120': ['study_mixed_120_bev.png']},
                            'caption')
     assert text.startswith('# Title\n\nsetup\n\n## mAP')

@@ -188,8 +188,9 @@ def bar_chart(summary: Dict[str, dict], arms: Sequence[StudyArm], path: str) -> 
         for index, arm in enumerate(arms):
             stats = [summary[corruption]['arms'][arm.name][metric.key] for corruption in corruptions]
             means = [s['mean'] if s else 0.0 for s in stats]
-            errors = [[s['mean'] - s['min'] if s else 0.0 for s in stats],
-                      [s['max'] - s['mean'] if s else 0.0 for s in stats]]
+            # clamped at 0: the mean of equal values (a shared stage 1) can round past them
+            errors = [[max(0.0, s['mean'] - s['min']) if s else 0.0 for s in stats],
+                      [max(0.0, s['max'] - s['mean']) if s else 0.0 for s in stats]]
             offset = (index - (len(arms) - 1) / 2) * width
             ax.bar([i + offset for i in range(len(corruptions))], means, width, yerr=errors, capsize=2,
                    label=arm.label)
