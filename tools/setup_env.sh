@@ -160,7 +160,10 @@ if [[ -z "$MMCV_WHEEL" ]]; then
         # toolkit with nvcc and the runtime alone lacks them, and torch's CUDA headers include them. Only the
         # headers the toolkit lacks are added (after its own: the wheels' copies of its headers are incomplete)
         NVIDIA_ROOT="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
-        TOOLKIT_INCLUDE="$(dirname "$(dirname "$(command -v nvcc)")")/include"
+        # the toolkit nvcc belongs to, whatever links lead to it (torch takes `which nvcc`'s parent otherwise, e.g.
+        # /usr/local for /usr/local/bin/nvcc, and looks for the CUDA headers there)
+        export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+        TOOLKIT_INCLUDE="$CUDA_HOME/include"
         EXTRA_INCLUDE="$CMT_AQR_HOME/cuda-extra-include"
         rm -rf "$EXTRA_INCLUDE" && mkdir -p "$EXTRA_INCLUDE"
         for header in "${NVIDIA_ROOT:-/nonexistent}"/*/include/*; do
