@@ -160,9 +160,10 @@ if [[ -z "$MMCV_WHEEL" ]]; then
         # toolkit with nvcc and the runtime alone lacks them, and torch's CUDA headers include them. Only the
         # headers the toolkit lacks are added (after its own: the wheels' copies of its headers are incomplete)
         NVIDIA_ROOT="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
-        # the toolkit nvcc belongs to, whatever links lead to it (torch takes `which nvcc`'s parent otherwise, e.g.
-        # /usr/local for /usr/local/bin/nvcc, and looks for the CUDA headers there)
-        export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+        # the toolkit nvcc belongs to, as nvcc itself reports it (torch takes `which nvcc`'s parent otherwise, e.g.
+        # /usr/local for a wrapper script in /usr/local/bin, and looks for the CUDA headers there)
+        NVCC_TOP="$(nvcc -v --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)"
+        [[ -n "$NVCC_TOP" ]] && export CUDA_HOME="${CUDA_HOME:-$(readlink -f "$NVCC_TOP")}"
         TOOLKIT_INCLUDE="$CUDA_HOME/include"
         EXTRA_INCLUDE="$CMT_AQR_HOME/cuda-extra-include"
         rm -rf "$EXTRA_INCLUDE" && mkdir -p "$EXTRA_INCLUDE"
