@@ -157,11 +157,22 @@ if [[ -z "$MMCV_WHEEL" ]]; then
     fi
     if [[ "$BUILD_MODE" == cuda ]]; then
         # PyPI's torch brings CUDA's library headers (cusparse.h, cublas_v2.h, ...) in its nvidia-* wheels; a
-        # toolkit with nvcc and the runtime alone lacks them, and torch's CUDA headers include them
+        # toolkit with nvcc and the runtime alone lacks them, and torch's CUDA headers include them. Only the
+        # headers the toolkit lacks are added (after its own: the wheels' copies of its headers are incomplete)
         NVIDIA_ROOT="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
-        for include in "${NVIDIA_ROOT:-/nonexistent}"/*/include; do
-            [[ -d "$include" ]] && export CPATH="$include${CPATH:+:$CPATH}"
+        # the toolkit nvcc belongs to, as nvcc itself reports it (torch takes `which nvcc`'s parent otherwise, e.g.
+        # /usr/local for a wrapper script in /usr/local/bin, and looks for the CUDA headers there)
+        NVCC_TOP="$(nvcc -v --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)"
+        [[ -n "$NVCC_TOP" ]] && export CUDA_HOME="${CUDA_HOME:-$(readlink -f "$NVCC_TOP")}"
+        TOOLKIT_INCLUDE="$CUDA_HOME/include"
+        EXTRA_INCLUDE="$CMT_AQR_HOME/cuda-extra-include"
+        rm -rf "$EXTRA_INCLUDE" && mkdir -p "$EXTRA_INCLUDE"
+        for header in "${NVIDIA_ROOT:-/nonexistent}"/*/include/*; do
+            name="$(basename "$header")"
+            [[ -e "$header" && ! -e "$TOOLKIT_INCLUDE/$name" && ! -e "$EXTRA_INCLUDE/$name" ]] \
+                && ln -s "$header" "$EXTRA_INCLUDE/$name"
         done
+        export CPATH="${CPATH:+$CPATH:}$EXTRA_INCLUDE"
     fi
     log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
