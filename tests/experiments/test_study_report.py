@@ -1,4 +1,6 @@
 """experiments/study_report.py: the seeds' spread, paired differences from the control, tables and chart."""
+import copy
+
 import pytest
 
 from projects.mmdet3d_plugin.experiments.study_arms import study_arm
@@ -73,10 +75,13 @@ def test_cells_and_tables():
     titles = [line for line in lines if line.startswith('## ')]
     assert titles == ['## mAP', '## NDS', '## recall at 2 m of the affected objects', '## false positives per sample']
     runs = _runs()
-    runs['control'][0]['clean']['objects']['ghost_false_positives_per_sample'] = 0.25
-    lines = metric_tables(summarise(runs, ['clean']), arms)
-    assert '## false positives per sample within 2 m of a ghost' in lines
-    assert '| clean | n/a | 0.250 | n/a |' in lines
+    for seed in runs.values():
+        seed[0]['lidar_ghost:3'] = copy.deepcopy(seed[1]['clean'])
+    runs['control'][0]['lidar_ghost:3']['objects']['ghost_false_positives_per_sample'] = 0.25
+    lines = metric_tables(summarise(runs, ['clean', 'lidar_ghost:3']), arms)
+    ghosts = lines[lines.index('## false positives per sample within 2 m of a ghost'):]
+    assert '| lidar_ghost:3 | n/a | 0.250 | n/a |' in ghosts
+    assert not any(line.startswith('| clean |') for line in ghosts), 'a corruption without ghosts gets no row'
 
 
 def test_report_and_chart(tmp_path):

@@ -153,23 +153,25 @@ def cell(stats: Optional[dict], signed: bool = False) -> str:
 
 def metric_tables(summary: Dict[str, dict], arms: Sequence[StudyArm], reference: str = REFERENCE_ARM) -> List[str]:
     """Markdown lines: per metric that has a value somewhere, a table of the arms and one of their differences
-    from ``reference``."""
+    from ``reference``, each over the corruptions where an arm has a value."""
     others = [arm for arm in arms if arm.name != reference]
     reference_label = next(arm.label for arm in arms if arm.name == reference)
     lines = []
     for metric in METRICS:
-        if all(row['arms'][arm.name][metric.key] is None for row in summary.values() for arm in arms):
+        rows = {corruption: row for corruption, row in summary.items()
+                if any(row['arms'][arm.name][metric.key] is not None for arm in arms)}
+        if not rows:
             continue
         lines += [f'## {metric.title}', '', '| corruption | ' + ' | '.join(arm.label for arm in arms) + ' |',
                   '|---|' + '---:|' * len(arms)]
         lines += [f'| {corruption} | ' + ' | '.join(cell(row['arms'][arm.name][metric.key]) for arm in arms) + ' |'
-                  for corruption, row in summary.items()]
+                  for corruption, row in rows.items()]
         lines += ['', f'{metric.title}, each arm minus the {reference_label} of the same seed:', '',
                   '| corruption | ' + ' | '.join(f'{arm.label} − {reference_label}' for arm in others) + ' |',
                   '|---|' + '---:|' * len(others)]
         lines += [f'| {corruption} | ' + ' | '.join(cell(row[f'minus_{reference}'][arm.name][metric.key], signed=True)
                                                     for arm in others) + ' |'
-                  for corruption, row in summary.items()]
+                  for corruption, row in rows.items()]
         lines.append('')
     return lines
 
