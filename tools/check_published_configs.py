@@ -1,7 +1,7 @@
 """Run the published configs as a user would: distributed training, distributed testing, a nuScenes submission.
 
     python tools/check_published_configs.py --data-root DATA [--configs NAME ...] [--iters 2] [--processes 2]
-                                            [--host-syncs]
+                                            [--host-syncs] [--cfg-options KEY=VALUE ...]
 
 For each config (default: the six ``configs/cmt_*.py``; a name such as
 ``cmt_aqr_voxel0100_r50_800x320_cbgs`` picks one): ``tools/dist_train.sh``
@@ -9,7 +9,8 @@ for ``--iters`` iterations with the config's own pipeline and optimizer hook,
 ``tools/dist_test.sh ... --eval bbox`` and ``tools/test.py ... --format-only``;
 then one table: seconds per iteration, peak memory, losses finite, NDS,
 submission written; ``--host-syncs`` (on CUDA) also the host synchronisations per iteration after the
-first, listed in each training log (``HostSyncReportHook``). ``DATA`` holds nuScenes (or a synthetic set of
+first, listed in each training log (``HostSyncReportHook``); ``--cfg-options`` changes every checked config
+(e.g. ``model.img_backbone.with_cp=True`` for the VoV configs on a small host). ``DATA`` holds nuScenes (or a synthetic set of
 ``tools/make_synthetic_nuscenes.py``) prepared by ``tools/create_data.py``.
 See docs/train_test.md.
 """
@@ -17,6 +18,8 @@ import argparse
 import os.path as osp
 import sys
 from typing import List, Optional
+
+from mmcv import DictAction
 
 from projects.mmdet3d_plugin.experiments.published_configs import (PUBLISHED_CONFIGS, check_config, results_table,
                                                                    rows_as_json)
@@ -37,6 +40,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--json', default=None, help='also write the rows to this JSON file')
     parser.add_argument('--host-syncs', action='store_true', help='on CUDA: list the host synchronisations of the '
                         'iterations after the first in the training log (HostSyncReportHook) and count them')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
+                        help='KEY=VALUE overrides of every checked config, as tools/train.py takes them')
     return parser.parse_args(argv)
 
 
@@ -59,7 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for config in select_configs(args.configs):
         print(f'\n== {config}: {args.iters} iterations in {args.processes} processes', flush=True)
         rows.append(check_config(config, args.data_root, args.work_dir, args.iters, args.processes,
-                                 args.samples_per_gpu, args.workers_per_gpu, args.host_syncs))
+                                 args.samples_per_gpu, args.workers_per_gpu, args.host_syncs, args.cfg_options))
         print(results_table(rows[-1:]), flush=True)
     print('\n' + results_table(rows))
     if args.json:

@@ -45,6 +45,11 @@ def test_the_six_published_configs_are_checked_and_only_their_schedule_and_data_
     assert listed.custom_hooks == [dict(type='HostSyncReportHook', start=1, iters=2)]
     assert checked_config(f'configs/{SLICE_CONFIG}.py', nuscenes_shaped, iters=1,
                           host_syncs=True).custom_hooks[0]['start'] == 0
+    flipped = not original.model.img_backbone.get('with_cp', False)
+    options = check_published_configs.parse_args(['--cfg-options', f'model.img_backbone.with_cp={flipped}']).cfg_options
+    with_cp = checked_config(f'configs/{SLICE_CONFIG}.py', nuscenes_shaped, iters=3, cfg_options=options)
+    assert with_cp.model.img_backbone.with_cp is flipped and with_cp.model.img_backbone.type == \
+        original.model.img_backbone.type
     with pytest.raises(SystemExit, match='not published configs'):
         check_published_configs.select_configs(['demo/cmt_synthetic_tiny'])
 

@@ -40,7 +40,7 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
 
     Raises:
         ValueError: for an unknown ``type``, a key given both flat and in its
-            group with different values, ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True``
+            group with different values (dicts: any value they both give), ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True``
             without ``aqr_config``, a legacy name whose tokens contradict
             ``passes['modalities']``, and the design notes' renamed keys
             (:class:`.legacy_keys.LegacyKeyError`, naming the key to use).
@@ -59,10 +59,8 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
         grouped = dict(cfg.get(group) or {})
         for key in flat:
             value = cfg.pop(key)
-            if key in grouped and grouped[key] != value:  # equal: --cfg-options re-applied to a dumped config
-                raise ValueError(f'{where}: {key} is given both flat and in {group} with different values '
-                                 f'({value!r} and {grouped[key]!r}); give it once')
-            grouped[key] = value
+            grouped[key] = _merge_flat_into_group(value, grouped[key], f'{where}.{key}', f'{where}.{group}.{key}') \
+                if key in grouped else value
         cfg[group] = grouped
         old = flat[0] if len(flat) == 1 else f'{{{", ".join(flat)}}}'
         log_rewrite(f'{where}.{old}', f'{where}.{group}.*')
@@ -77,6 +75,25 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
         cfg.update(type='CmtHead', passes=passes)
         log_rewrite(f"{where}.type='{name}'", f"{where}.type='CmtHead', {where}.passes.modalities={modalities}")
     return cfg
+
+
+def _merge_flat_into_group(flat, grouped, flat_path: str, group_path: str):
+    """One value of a key given both flat and in its group.
+
+    ``--cfg-options <flat path>.<option>=...`` re-applied to a config dumped after the upgrade makes a flat dict of the
+    options given, beside the grouped whole: a dict merges into the grouped one where every value it gives is the
+    grouped one's (recursively); any other difference is an error naming the grouped path to use.
+    """
+    if isinstance(flat, Mapping) and isinstance(grouped, Mapping):
+        merged = dict(grouped)
+        for option, value in flat.items():
+            merged[option] = _merge_flat_into_group(value, grouped[option], f'{flat_path}.{option}',
+                                                    f'{group_path}.{option}') if option in grouped else value
+        return merged
+    if flat != grouped:
+        raise ValueError(f'{flat_path} and {group_path} are both given, with different values ({flat!r} and '
+                         f'{grouped!r}); give it once, as {group_path}')
+    return grouped
 
 
 def _drop_old_options(cfg: dict, name: str, where: str) -> None:

@@ -5,8 +5,9 @@ For each config (:data:`PUBLISHED_CONFIGS`), in ``<work dir>/<config name>/``:
 1. ``<config name>.py``: the config with the data root pointed at the given set and its schedule cut to
    ``iters`` iterations (``IterBasedRunner``, a checkpoint at the end, a log line per iteration) and
    nothing else changed: its train pipeline (GT sampling, CBGS, GridMask where it has it), optimizer and
-   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` only when asked;
-   ``host_syncs``: a ``HostSyncReportHook`` lists the host synchronisations of the iterations after the first);
+   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` and ``cfg_options``
+   only when asked; ``host_syncs``: a ``HostSyncReportHook`` lists the host synchronisations of the iterations
+   after the first);
 2. ``tools/dist_train.sh <config> <processes>``;
 3. ``tools/dist_test.sh <config> <checkpoint> <processes> --eval bbox``;
 4. ``tools/test.py <config> <checkpoint> --format-only``: ``results_nusc.json``, loaded back with the
@@ -60,8 +61,10 @@ class ConfigCheck:
 
 
 def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Optional[int] = None,
-                   workers_per_gpu: Optional[int] = None, host_syncs: bool = False):
-    """``config`` (a path) as it runs in the check (see the module docstring); an mmcv ``Config``."""
+                   workers_per_gpu: Optional[int] = None, host_syncs: bool = False,
+                   cfg_options: Optional[dict] = None):
+    """``config`` (a path) as it runs in the check (see the module docstring); an mmcv ``Config``;
+    ``cfg_options`` as ``--cfg-options`` gives them (``{'model.img_backbone.with_cp': True}``), merged last."""
     from mmcv import Config
 
     from ..datasets.data_root_config import retarget_data_root
@@ -77,6 +80,8 @@ def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Opt
         start = min(1, iters - 1)
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
             dict(type='HostSyncReportHook', start=start, iters=iters - start)]
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
     return cfg
 
 
@@ -169,13 +174,13 @@ def submission_samples(path: str) -> int:
 
 def check_config(config: str, data_root: str, work_dir: str, iters: int, processes: int,
                  samples_per_gpu: Optional[int] = None, workers_per_gpu: Optional[int] = None,
-                 host_syncs: bool = False) -> ConfigCheck:
+                 host_syncs: bool = False, cfg_options: Optional[dict] = None) -> ConfigCheck:
     """Steps 1–4 of the module docstring for one config; stops at the first step that fails (``failed``)."""
     name = osp.splitext(osp.basename(config))[0]
     folder = osp.abspath(osp.join(work_dir, name))
     os.makedirs(folder, exist_ok=True)
     cfg_path = osp.join(folder, f'{name}.py')
-    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu, host_syncs).dump(cfg_path)
+    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu, host_syncs, cfg_options).dump(cfg_path)
     row = ConfigCheck(config)
     train_dir, checkpoint = osp.join(folder, 'train'), osp.join(folder, 'train', 'latest.pth')
     steps = [('train', ['tools/dist_train.sh', cfg_path, str(processes), '--work-dir', train_dir]),

@@ -78,7 +78,8 @@ def test_old_only_options_warn_or_raise_with_their_names(caplog):
             (dict(enable_aqr='yes'), 'enable_aqr must be True, False or None'),
             (dict(aqr_bias_strength=2.0), r'aqr_bias_strength is a legacy key; use routing=dict\(attention_bias'),
             (dict(type='CmtRadarHead'), "unknown CMT head type 'CmtRadarHead'"),
-            (dict(scalar=5, denoising=dict(scalar=10)), 'scalar is given both flat and in denoising with different'),
+            (dict(scalar=5, denoising=dict(scalar=10)),
+             r'pts_bbox_head.scalar and pts_bbox_head.denoising.scalar are both given, with different values'),
             (dict(type='CmtLidarHead', passes=dict(modalities=('camera', ))), 'contradicts it'),
     ):
         with pytest.raises(ValueError, match=message):
@@ -88,9 +89,14 @@ def test_old_only_options_warn_or_raise_with_their_names(caplog):
 def test_a_key_given_flat_and_grouped_alike_is_one_key():
     """What ``--cfg-options model.pts_bbox_head.<flat key>=...`` makes of a config dumped after the upgrade (the demo's
     test step re-applies its training's options to the training's dumped config)."""
-    dumped = upgrade_head_config(dict(UPSTREAM, scalar=5))
+    dumped = upgrade_head_config(dict(UPSTREAM, scalar=5, **AQR))
     assert dumped['denoising']['scalar'] == 5
     assert upgrade_head_config(dict(dumped, scalar=5)) == dumped
+    option = 'window_sizes'
+    assert upgrade_head_config(dict(dumped, aqr_config={option: AQR['aqr_config'][option]})) == dumped, \
+        'a dict option given flat merges into the grouped dict'
+    with pytest.raises(ValueError, match=rf'give it once, as pts_bbox_head.routing.aqr_config.{option}'):
+        upgrade_head_config(dict(dumped, aqr_config={option: 'another'}))
 
 
 def test_unknown_keys_reach_the_head_and_are_refused():
