@@ -103,33 +103,37 @@ def test_a_detached_head_trains_itself_only(cmt_test_data):
     assert aux.bev_aux_head.stem.conv.weight.grad.abs().sum() > 0
 
 
-def test_heading_at_reads_the_map_at_each_centre():
+def test_regression_at_reads_the_maps_at_each_centre():
     head = aux_head()
     outputs = head(torch.zeros(2, 4, 8, 16), [{}, {}])
     outputs.regression = torch.zeros(2, 4, 8, 16)
-    outputs.regression[1, 0, 1, 9] = math.sin(2.5)  # the cell of (3, -5) m: centre (3, -5)
-    outputs.regression[1, 1, 1, 9] = math.cos(2.5)
-    outputs.regression[1, 0, 6, 2] = -1.0  # the cell of (-11, 5) m: yaw -pi/2
-    yaws = head.heading_at(outputs, [torch.zeros(0, 2), torch.tensor([[3.0, -5.0, 9.0], [-11.0, 5.0, 9.0]])])
-    assert yaws[0].shape == (0, )
-    torch.testing.assert_close(yaws[1], torch.tensor([2.5, -math.pi / 2]))
+    outputs.regression[1, :, 1, 9] = torch.tensor([math.sin(2.5), math.cos(2.5), 3.0, -1.0])  # the cell of (3, -5) m
+    outputs.regression[1, 0, 6, 2] = -1.0  # the cell of (-11, 5) m: yaw -pi/2, standing
+    fields = head.regression_at(outputs, [torch.zeros(0, 2), torch.tensor([[3.0, -5.0, 9.0], [-11.0, 5.0, 9.0]])])
+    assert fields[0].shape == (0, 3)
+    torch.testing.assert_close(fields[1], torch.tensor([[2.5, 3.0, -1.0], [-math.pi / 2, 0.0, 0.0]]))
 
 
-def test_boxes_take_the_maps_heading_at_inference_where_the_fused_pass_decoded(cmt_test_data):
+@pytest.mark.parametrize('heading, velocity', [(True, False), (False, True), (True, True)])
+def test_boxes_take_the_maps_fields_at_inference_where_the_fused_pass_decoded(cmt_test_data, heading, velocity):
     bev, img = features()
     img_metas = cmt_test_data['make_img_metas'](2)
     plain = head_cfg(bev_aux_config=BEV_AUX).eval()
-    aux = head_cfg(bev_aux_config=dict(BEV_AUX, heading_at_inference=True)).eval()
+    aux = head_cfg(bev_aux_config=dict(BEV_AUX, heading_at_inference=heading, velocity_at_inference=velocity)).eval()
     aux.load_state_dict(plain.state_dict())
     with torch.no_grad():
         outputs = aux([bev], [img], img_metas)
         assert outputs.bev_aux is not None and outputs.bev_aux.trained == (True, True)
-        outputs.bev_aux.regression[:, 0], outputs.bev_aux.regression[:, 1] = 1.0, 0.0  # yaw pi/2 everywhere
+        outputs.bev_aux.regression[:] = torch.tensor([1.0, 0.0, 2.0, -3.0])[:, None, None]  # yaw pi/2, (2, -3) m/s
         outputs = dataclasses.replace(outputs, bev_aux=dataclasses.replace(outputs.bev_aux, trained=(True, False)))
         boxes = aux.get_bboxes(outputs, img_metas)
         reference = plain.get_bboxes(plain([bev], [img], img_metas), img_metas)
-    torch.testing.assert_close(boxes[0][0].yaw, torch.full_like(boxes[0][0].yaw, math.pi / 2))
-    torch.testing.assert_close(boxes[0][0].tensor[:, :6], reference[0][0].tensor[:, :6])
+    expected = reference[0][0].tensor.clone()
+    if heading:
+        expected[:, 6] = math.pi / 2
+    if velocity:
+        expected[:, 7:9] = torch.tensor([2.0, -3.0])
+    torch.testing.assert_close(boxes[0][0].tensor, expected)
     torch.testing.assert_close(boxes[1][0].tensor, reference[1][0].tensor)
 
 

@@ -20,9 +20,10 @@ conv + BN + ReLU stem feeds two ``1x1`` branches:
 The cell size comes from ``pc_range`` and the map's size. Samples whose points
 did not arrive whole (dropped by ``ModalMask3D`` or changed by a training-time
 sensor corruption) weigh 0. With ``detach_input`` the losses train this head
-only, not the BEV features the decoder reads; with ``heading_at_inference`` the
-head also runs at test time and each box of a sample with points takes its yaw
-from the heading map at its centre (:meth:`BevAuxHead.heading_at`).
+only, not the BEV features the decoder reads; with ``heading_at_inference``
+(``velocity_at_inference``) the head also runs at test time and each box of a
+sample with points takes its yaw (velocity) from the maps at its centre
+(:meth:`BevAuxHead.regression_at`).
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -75,6 +76,7 @@ class BevAuxHead(BaseModule):
         min_radius (int): smallest Gaussian radius in cells.
         detach_input (bool): train this head on a detached BEV memory (its losses leave the decoder's features alone).
         heading_at_inference (bool): the boxes' yaw comes from this head's heading map (``CmtHead.get_bboxes``).
+        velocity_at_inference (bool): the boxes' ``(vx, vy)`` come from this head's velocity map.
         init_cfg (dict, optional): mmcv init config.
     """
 
@@ -90,6 +92,7 @@ class BevAuxHead(BaseModule):
                  min_radius: int = 1,
                  detach_input: bool = False,
                  heading_at_inference: bool = False,
+                 velocity_at_inference: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if len(pc_range) != 6 or pc_range[3] <= pc_range[0] or pc_range[4] <= pc_range[1]:
@@ -101,6 +104,7 @@ class BevAuxHead(BaseModule):
         self.min_radius = min_radius
         self.detach_input = detach_input
         self.heading_at_inference = heading_at_inference
+        self.velocity_at_inference = velocity_at_inference
         self.stem = ConvModule(in_channels, feat_channels, kernel_size=3, padding=1, conv_cfg=dict(type='Conv2d'),
                                norm_cfg=dict(type='BN2d'))
         self.heatmap = nn.Conv2d(feat_channels, num_classes, kernel_size=1)
@@ -122,16 +126,23 @@ class BevAuxHead(BaseModule):
         return BevAuxOutputs(heatmap=self.heatmap(feat), regression=self.regression(feat),
                              trained=trained_samples(MODALITY_PASSES['lidar'], img_metas))
 
-    def heading_at(self, outputs: BevAuxOutputs, centres: Sequence[Tensor]) -> List[Tensor]:
-        """Per sample ``[n]`` yaw (``atan2`` of the heading map, bilinear) at ``[n, >=2]`` BEV centres in metres."""
+    @property
+    def runs_at_inference(self) -> bool:
+        """Whether the boxes take a field from this head's maps at test time."""
+        return self.heading_at_inference or self.velocity_at_inference
+
+    def regression_at(self, outputs: BevAuxOutputs, centres: Sequence[Tensor]) -> List[Tensor]:
+        """Per sample ``[n, 3]`` ``(yaw, vx, vy)`` of the maps at ``[n, >=2]`` BEV centres in metres (bilinear,
+        the edge cells beyond the map; yaw the ``atan2`` of ``(sin, cos)``)."""
         low, high = self.pc_range[:2], self.pc_range[3:5]
-        yaws = []
+        fields = []
         for sample, xy in enumerate(centres):
             grid = torch.stack([(xy[:, axis] - low[axis]) / (high[axis] - low[axis]) * 2 - 1 for axis in (0, 1)], -1)
-            sin_cos = F.grid_sample(outputs.regression[sample:sample + 1, :2].float(), grid.float().view(1, 1, -1, 2),
-                                    align_corners=False)[0, :, 0]  # [2, n]
-            yaws.append(torch.atan2(sin_cos[0], sin_cos[1]).to(xy.dtype))
-        return yaws
+            values = F.grid_sample(outputs.regression[sample:sample + 1].float(), grid.float().view(1, 1, -1, 2),
+                                   padding_mode='border', align_corners=False)[0, :, 0]  # [4, n]
+            yaw = torch.atan2(values[0], values[1])
+            fields.append(torch.stack([yaw, values[2], values[3]], dim=-1).to(xy.dtype))
+        return fields
 
     def targets(self, map_hw: Tuple[int, int], gt_bboxes_3d: Sequence, gt_labels_3d: Sequence[Tensor],
                 device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -303,7 +303,7 @@ class CmtHead(BaseModule):
                                              host_to_device(samples, reference_points.device))
             fused_samples = [kept and not taken for kept, taken in zip(fused_samples, samples)]
         bev_aux = None
-        if self.bev_aux_head is not None and self.bev_aux_head.heading_at_inference:
+        if self.bev_aux_head is not None and self.bev_aux_head.runs_at_inference:
             bev_aux = dataclasses.replace(self.bev_aux_head(bev_feat, img_metas), trained=tuple(fused_samples))
         return HeadOutputs(tasks, routing=routing, bev_aux=bev_aux)
 
@@ -428,18 +428,22 @@ class CmtHead(BaseModule):
 
         Returns:
             list[list]: per sample ``[boxes (box_type_3d, bottom centre, 9-dim), scores [N], labels [N]]``; with
-            ``BevAuxHead(heading_at_inference=True)`` the boxes of samples with points take the yaw of its heading
-            map at their centre.
+            ``BevAuxHead(heading_at_inference=True)`` (``velocity_at_inference``) the boxes of samples with points
+            take the yaw (velocity) of its maps at their centre.
         """
         results = []
         decoded_samples = self.bbox_coder.decode(fp32_predictions(preds_dicts))
         bev_aux = getattr(preds_dicts, 'bev_aux', None)
         if bev_aux is not None:
-            yaws = self.bev_aux_head.heading_at(bev_aux, [decoded['bboxes'][:, :2] for decoded in decoded_samples])
+            fields = self.bev_aux_head.regression_at(bev_aux,
+                                                     [decoded['bboxes'][:, :2] for decoded in decoded_samples])
         for index, (meta, decoded) in enumerate(zip(img_metas, decoded_samples)):
             bboxes = decoded['bboxes'].clone()
             if bev_aux is not None and bev_aux.trained[index]:
-                bboxes[:, 6] = yaws[index]
+                if self.bev_aux_head.heading_at_inference:
+                    bboxes[:, 6] = fields[index][:, 0]
+                if self.bev_aux_head.velocity_at_inference:
+                    bboxes[:, 7:9] = fields[index][:, 1:]
             bboxes[:, 2] = bboxes[:, 2] - bboxes[:, 5] * 0.5
             box_type = meta.get('box_type_3d', LiDARInstance3DBoxes)
             results.append([box_type(bboxes, box_dim=bboxes.size(-1)), decoded['scores'], decoded['labels']])

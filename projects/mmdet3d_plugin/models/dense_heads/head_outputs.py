@@ -17,7 +17,8 @@ DN query slots, ``C_t`` the classes of a task):
 * ``passes``: in training, ``{pass name: PassOutputs}`` of the
   single-modality decoding passes (same layout; ``trained_samples`` per sample).
 * ``image_aux``: in training with an ``ImageAuxHead``, its :class:`ImageAuxOutputs`.
-* ``bev_aux``: in training with a ``BevAuxHead`` (and at inference with its ``heading_at_inference``), its
+* ``bev_aux``: in training with a ``BevAuxHead`` (at inference with its ``heading_at_inference`` or
+  ``velocity_at_inference``), its
   :class:`BevAuxOutputs`.
 * ``fused_black_samples``: with ``fused_image_drop_prob``, per sample whether
   the fused pass saw black camera views.
