@@ -17,13 +17,12 @@ conv + BN + ReLU stem feeds two ``1x1`` branches:
   apart; the heading loss also compares the box axis, ``heading_axis``, which
   the L1 on ``(sin, cos)`` alone does not reward).
 
-The cell size comes from ``pc_range`` and the map's size. Samples whose points
-did not arrive whole (dropped by ``ModalMask3D`` or changed by a training-time
-sensor corruption) weigh 0. With ``detach_input`` the losses train this head
-only, not the BEV features the decoder reads; with ``heading_at_inference``
-(``velocity_at_inference``) the head also runs at test time and each box of a
-sample with points takes its yaw (velocity) from the maps at its centre
-(:meth:`BevAuxHead.regression_at`).
+The cell size comes from ``pc_range`` and the map's size. Samples whose points did
+not arrive whole (dropped by ``ModalMask3D`` or changed by a training-time sensor
+corruption) weigh 0. With ``detach_input`` the losses train this head only, not
+the BEV features the decoder reads. With ``heading_at_inference`` (``velocity_at_inference``)
+it also runs at test time: each box of a sample with points takes its yaw (velocity)
+from the maps at its centre (:meth:`BevAuxHead.regression_at`).
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
