@@ -40,8 +40,9 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
 
     Raises:
         ValueError: for an unknown ``type``, a key given both flat and in its
-            group with different values (dicts: any value they both give), ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True``
-            without ``aqr_config``, a legacy name whose tokens contradict
+            group with different values (dicts: any value they both give),
+            ``norm_bbox=False``, an ``init_cfg``, ``enable_aqr=True`` without
+            ``aqr_config``, a legacy name whose tokens contradict
             ``passes['modalities']``, and the design notes' renamed keys
             (:class:`.legacy_keys.LegacyKeyError`, naming the key to use).
     """
