@@ -174,7 +174,7 @@ if [[ -z "$MMCV_WHEEL" ]]; then
         done
         export CPATH="${CPATH:+$CPATH:}$EXTRA_INCLUDE"
     fi
-    log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs): ~12-17 minutes on 2 cores for the CPU ops (log: $BUILD_LOG)"
+    log "compiling mmcv-full $MMCV_VERSION with $BUILD_MODE ops (FORCE_CUDA=$FORCE_CUDA${TORCH_CUDA_ARCH_LIST:+, GPU architectures $TORCH_CUDA_ARCH_LIST}, ${MAX_JOBS:-$COMPILE_JOBS} jobs; how long it takes: docs/results.md, \"Test suite and setup times\"; log: $BUILD_LOG)"
     BUILD_DIR="$(mktemp -d)"
     # --no-cache-dir: pip would otherwise take a wheel it built before (the CPU build, or one for another torch)
     # from its own cache instead of compiling; this script's cache above is per mode and torch version

@@ -5,16 +5,17 @@ from .fp16_optimizer_hook import CustomFp16OptimizerHook
 from .host_sync_report import HostSyncReportHook
 from .merged_param_groups import MergedParamGroupsOptimizerConstructor
 from .seeding import EpochSeedHook
-from .spconv_cpu import patch_spconv_cpu_stream
+from .spconv_cpu import patch_spconv_cpu_algorithm, patch_spconv_cpu_stream
 from .spconv_cpu_scatter import patch_spconv_cpu_scatter_add
 from .trimesh_io import patch_trimesh_io
 
 patch_spconv_cpu_stream()
+patch_spconv_cpu_algorithm()
 patch_spconv_cpu_scatter_add()
 patch_trimesh_io()
 
 __all__ = [
     'AtomicCheckpointHook', 'CustomFp16OptimizerHook', 'DeviceLogBuffer', 'DeviceLogOptimizerHook', 'EpochSeedHook',
-    'HostSyncReportHook', 'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_scatter_add',
-    'patch_spconv_cpu_stream', 'patch_trimesh_io'
+    'HostSyncReportHook', 'MergedParamGroupsOptimizerConstructor', 'find_latest_valid_checkpoint', 'patch_spconv_cpu_algorithm',
+    'patch_spconv_cpu_scatter_add', 'patch_spconv_cpu_stream', 'patch_trimesh_io'
 ]
