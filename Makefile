@@ -6,7 +6,8 @@
 #               DEMO_ARGS='--epochs 12' etc. for tools/demo.py)
 #   make test   set up the environment, then run the test suite
 #   make study  set up the environment, then run the robustness study CMT vs CMT-AQR vs a control
-#               (tools/robustness_study.py; STUDY_ARGS='--quick', '--seeds 0 1 2' etc.)
+#               (tools/robustness_study.py; STUDY_ARGS='--quick', '--seeds 0 1 2' etc.; its report goes to
+#               work_dirs/study/report, STUDY_ARGS='--out docs/robustness' regenerates the one docs/ ships)
 SHELL := /bin/bash
 CMT_AQR_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cmt-aqr
 CMT_AQR_VENV ?= $(CMT_AQR_HOME)/venv

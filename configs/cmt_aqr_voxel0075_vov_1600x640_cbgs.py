@@ -2,7 +2,7 @@
 # Per query, AQRWeightGenerator decides how much to trust LiDAR and camera (one local-window
 # transformer layer, windows [camera 15, LiDAR 5] cells); AttentionBiasGenerator turns that into
 # an additive bias on every decoder layer's cross-attention scores (windowed, linear decay).
-# The features are not modified. See README "From CMT to CMT-AQR" and docs/aqr.md.
+# The features are not modified. See README "Turn a CMT config into CMT-AQR" and docs/aqr.md.
 _base_ = ['./cmt_voxel0075_vov_1600x640_cbgs.py']
 
 model = dict(

@@ -1,9 +1,11 @@
-"""The pages stay usable: relative links resolve, pages stay short, backend lists match the registered backends.
+"""The pages stay usable: links resolve, commands run, paths exist, pages stay short, backend lists are right.
 
 Checked for README.md and every Markdown page under docs/ (subfolders included): every relative link points at an
-existing file (and heading, for ``#anchor`` links); README.md has at most ``README_MAX_LINES`` lines and every docs
-page at most ``DOCS_MAX_LINES``; the one line starting with ``Backends:`` in README.md, in docs/architecture.md and
-in the docstring of ``apply_attention`` names (in backticks) exactly the registered backends
+existing file (and heading, for ``#anchor`` links); every command line shown runs a script that exists with flags
+its parser accepts, every repository path named exists and no path outside the repository is named
+(``doc_references.py``, read without running a tool); README.md has at most ``README_MAX_LINES`` lines and every
+docs page at most ``DOCS_MAX_LINES``; the one line starting with ``Backends:`` in README.md, in docs/architecture.md
+and in the docstring of ``apply_attention`` names (in backticks) exactly the registered backends
 (``projects.mmdet3d_plugin.attention.BACKENDS``), ``auto`` allowed besides them.
 """
 import ast
@@ -12,6 +14,7 @@ import re
 from typing import List, Optional
 
 import pytest
+from doc_references import command_problems, missing_paths, outside_paths
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
@@ -162,3 +165,85 @@ def test_the_checker_reads_backend_lists_from_pages_and_docstrings(tmp_path):
         "missing [], not registered ['flex']"
     assert backend_list_mismatch(backend_list('no list here'), registered).startswith('no single line')
     assert backend_list('Backends: `a`\nBackends: `b`') is None
+
+
+@pytest.mark.parametrize('page', markdown_pages())
+def test_commands_run_existing_scripts_with_options_they_accept(page):
+    problems = command_problems(page, REPO_ROOT)
+    assert problems == [], f'{page}: commands that would fail:\n' + '\n'.join(problems)
+
+
+@pytest.mark.parametrize('page', markdown_pages())
+def test_repository_paths_exist(page):
+    missing = missing_paths(page, REPO_ROOT)
+    assert missing == [], f'{page} names paths that do not exist: {missing}'
+
+
+@pytest.mark.parametrize('page', markdown_pages())
+def test_no_path_outside_the_repository(page):
+    outside = outside_paths(page, REPO_ROOT)
+    assert outside == [], f'{page} names paths a user of the repository does not have: {outside}'
+
+
+def _fake_repo(root):
+    """A repository with a tool (options partly from a helper module), a shell script passing its arguments to it,
+    a Makefile running it, and a config."""
+    for folder in ('tools/cli', 'configs/demo', 'docs', 'projects/mmdet3d_plugin/models'):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / 'tools' / 'cli' / '__init__.py').write_text('')
+    (root / 'tools' / 'cli' / 'common.py').write_text(
+        'def add_common(parser):\n    parser.add_argument("--seed", type=int)\n\n\n'
+        'def unused(parser):\n    parser.add_argument("--not-train")\n')
+    (root / 'tools' / 'train.py').write_text(
+        'import argparse\nfrom tools.cli.common import add_common\n\n\n'
+        'def parse_args():\n    parser = argparse.ArgumentParser()\n    parser.add_argument("config")\n'
+        '    parser.add_argument("--work-dir", "--work_dir")\n    add_common(parser)\n    return parser.parse_args()\n')
+    (root / 'tools' / 'dist_train.sh').write_text('#!/usr/bin/env bash\nCONFIG=$1\nshift\n'
+                                                  'python "$(dirname "$0")/train.py" "$CONFIG" "$@"\n')
+    (root / 'Makefile').write_text('MODEL ?= a\nTRAIN_ARGS ?=\n\ntrain:\n\tpython tools/train.py $(MODEL) '
+                                   '$(TRAIN_ARGS)\n')
+    (root / 'configs' / 'demo' / 'tiny.py').write_text('')
+    (root / 'projects' / 'mmdet3d_plugin' / 'models' / 'head.py').write_text('')
+
+
+SELF_TEST_PAGES = {
+    'a misspelt flag, a missing script, a make typo': (
+        command_problems, 'docs/a.md',
+        '```bash\npython tools/train.py configs/demo/tiny.py --work-dir w \\\n    --seed 1  # ok\n'
+        'bash tools/dist_train.sh configs/demo/tiny.py 2 [--seed 3] | tee log\n'
+        'make train MODEL=b TRAIN_ARGS=\'--seed 2 --work_dir x\'  # the make target runs tools/train.py\n'
+        '```\nThen `tools/train.py CONFIG --work-dir DIR` or `python tools/train.py c --help`.\n',
+        '```bash\npython tools/train.py configs/demo/tiny.py --workdir w\n'
+        'bash tools/dist_train.sh c 2 --seed 1 --not-train\npython tools/tset.py c\n```\n'
+        'Or `make train TRAIN_ARGS=\'--sed 2\'`, `make trian`, `make train MODLE=x`.\n',
+        ['python tools/train.py configs/demo/tiny.py --workdir w: --workdir is not an option of tools/train.py',
+         'bash tools/dist_train.sh c 2 --seed 1 --not-train: --not-train is not an option of tools/dist_train.sh',
+         'python tools/tset.py c: tools/tset.py does not exist',
+         "make train TRAIN_ARGS='--sed 2': --sed (in TRAIN_ARGS) is not an option of tools/train.py",
+         'make trian: make target trian does not exist',
+         'make train MODLE=x: make variable MODLE is not read by the Makefile']),
+    'a renamed config': (
+        missing_paths, 'docs/a.md',
+        '`configs/demo/tiny.py`, configs/demo/*.py, `configs/demo/<name>.py`, `configs/{demo,x}/tiny.py`,\n'
+        'docs/a.md#anchor, `models/head.py`, `models/head.HeadClass`, tools/.../train.py, '
+        'https://example.org/configs/none.py\n',
+        '`configs/demo/tiny_renamed.py` and models/heads.py and tests/x/\n',
+        ['configs/demo/tiny_renamed.py', 'models/heads.py', 'tests/x/']),
+    'a path outside the repository': (
+        outside_paths, 'docs/sub/a.md',
+        '[up](../../README.md), [same](../a.md), [label ../a.md](../a.md), ~/.cache/x, `$CMT_AQR_HOME/venv`, '
+        '`<root>/samples/x.bin`, 1/16, https://example.org/a/b, `--work-dir /shared/work_dirs/run`\n',
+        '[out](../../../x.md) `../shared/gpu-machine/prepare.sh` (`shared/seeds/`) and /work/main/x\n',
+        ['../../../x.md', '../shared/gpu-machine/prepare.sh', 'shared/seeds/', '/work/main/x']),
+}
+
+
+@pytest.mark.parametrize('case', sorted(SELF_TEST_PAGES))
+def test_each_check_passes_a_sound_page_and_finds_what_is_wrong(tmp_path, case):
+    check, page, sound, broken, found = SELF_TEST_PAGES[case]
+    _fake_repo(tmp_path)
+    (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / page).write_text(sound)
+    assert check(page, str(tmp_path)) == []
+    (tmp_path / page).write_text(broken)
+    assert check(page, str(tmp_path)) == found

@@ -3,8 +3,9 @@
     python tools/check_published_configs.py --data-root DATA [--configs NAME ...] [--iters 2] [--processes 2]
                                             [--host-syncs] [--cfg-options KEY=VALUE ...]
 
-For each config (default: the six ``configs/cmt_*.py``; a name such as
-``cmt_aqr_voxel0100_r50_800x320_cbgs`` picks one): ``tools/dist_train.sh``
+For each config (default: the six ``configs/cmt_*.py`` and the ``configs/finetune/*.py``; a name such as
+``cmt_aqr_voxel0100_r50_800x320_cbgs`` picks one; a fine-tune config trains from the checkpoint its CMT config's
+check trained, that config trained first when not picked): ``tools/dist_train.sh``
 for ``--iters`` iterations with the config's own pipeline and optimizer hook,
 ``tools/dist_test.sh ... --eval bbox`` and ``tools/test.py ... --format-only``;
 then one table: seconds per iteration, peak memory, losses finite, NDS,
@@ -21,15 +22,15 @@ from typing import List, Optional
 
 from mmcv import DictAction
 
-from projects.mmdet3d_plugin.experiments.published_configs import (PUBLISHED_CONFIGS, check_config, results_table,
-                                                                   rows_as_json)
+from projects.mmdet3d_plugin.experiments.published_configs import (FINETUNE_CONFIGS, PUBLISHED_CONFIGS, check_config,
+                                                                   results_table, rows_as_json, source_config)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Train, test and submit every published config for a few iterations.')
     parser.add_argument('--data-root', default='data/nuscenes/', help='prepared nuScenes data root')
     parser.add_argument('--configs', nargs='+', default=None,
-                        help='config names or paths among the published configs (default: all six)')
+                        help='config names or paths among the published and fine-tune configs (default: all)')
     parser.add_argument('--iters', type=int, default=2, help='training iterations per config')
     parser.add_argument('--processes', type=int, default=2, help='processes (GPUs) of dist_train.sh / dist_test.sh')
     parser.add_argument('--samples-per-gpu', type=int, default=None,
@@ -48,8 +49,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def select_configs(names: Optional[List[str]]) -> List[str]:
     """The published configs named by ``names`` (file names with or without ``.py``, or paths); all by default."""
     if not names:
-        return list(PUBLISHED_CONFIGS)
-    by_name = {osp.splitext(osp.basename(path))[0]: path for path in PUBLISHED_CONFIGS}
+        return list(PUBLISHED_CONFIGS + FINETUNE_CONFIGS)
+    by_name = {osp.splitext(osp.basename(path))[0]: path for path in PUBLISHED_CONFIGS + FINETUNE_CONFIGS}
     unknown = [name for name in names if osp.splitext(osp.basename(name))[0] not in by_name]
     if unknown:
         raise SystemExit(f'not published configs: {unknown}; choose among {sorted(by_name)}')
@@ -61,10 +62,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.iters < 1 or args.processes < 1:
         raise SystemExit('--iters and --processes must be >= 1')
     rows = []
-    for config in select_configs(args.configs):
-        print(f'\n== {config}: {args.iters} iterations in {args.processes} processes', flush=True)
+    configs = sorted(select_configs(args.configs), key=lambda config: config in FINETUNE_CONFIGS)  # sources first
+    sources = [source for source in dict.fromkeys(map(source_config, configs)) if source and source not in configs]
+    for config in sources + configs:
+        train_only = config in sources
+        print(f'\n== {config}: {args.iters} iterations in {args.processes} processes'
+              + (' (trained only: the source of a fine-tune config)' if train_only else ''), flush=True)
         rows.append(check_config(config, args.data_root, args.work_dir, args.iters, args.processes,
-                                 args.samples_per_gpu, args.workers_per_gpu, args.host_syncs, args.cfg_options))
+                                 args.samples_per_gpu, args.workers_per_gpu, args.host_syncs, args.cfg_options,
+                                 train_only=train_only))
         print(results_table(rows[-1:]), flush=True)
     print('\n' + results_table(rows))
     if args.json:

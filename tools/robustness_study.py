@@ -1,7 +1,9 @@
-"""Does routing pay when sensors fail (``--design failures``) or lie (``--design lies``)? Three seeds, one command.
+"""Does routing pay when sensors fail (``--design failures``) or lie (``--design lies``), or in a fine-tune from a
+trained CMT (``--design finetune``)? Three seeds, one command.
 
-    python tools/robustness_study.py [--design lies] [--quick] [--seeds 0 1 2] [--out docs/robustness]
+    python tools/robustness_study.py [--design lies] [--quick] [--seeds 0 1 2] [--out DIR]
     make study [STUDY_ARGS="--shared-stage1"]     # study.md states the wall time its run took
+    make study STUDY_ARGS="--out docs/robustness"  # regenerate the report docs/ ships
 
 Arms (``projects/mmdet3d_plugin/experiments/study_arms.py``), all on ``make demo``'s
 camera-pass detector but the camera-only model: a LiDAR-only and a camera-only
@@ -15,14 +17,14 @@ Each evaluated clean and under every corruption of
 ``tools/eval_robustness.py`` with mAP, NDS, the recall at 2 m of the affected
 objects, false positives per sample and the router's accuracy
 (``apis/object_metrics.py``); ``study.md`` / ``study.json`` / the chart
-(``experiments/study_report.py``) in ``--out``. ``--design lies`` trains its arms on the failures and the lies
-(ghosts, yawed views, a misaligned cloud, both at once) with targets that know where a sensor lies, adds CMT-AQR
-with the muting bias and writes ``study_lies.md``. The plan and its time estimate are
+(``experiments/study_report.py``) in ``--out`` (default ``<work dir>/report``). ``--design lies`` trains its arms
+on the failures and the lies (ghosts, yawed views, a misaligned cloud, both at once) with targets that know where a
+sensor lies, adds CMT-AQR with the muting bias and writes ``study_lies.md``; ``--design finetune`` fine-tunes stage 1
+as the published fine-tune recipe with and without routing (``study_finetune.md``). The plan and its time estimate are
 printed first; every step is skipped when its output exists, so a second run
 continues (``experiments/robustness_study.py``). ``--quick`` runs the same steps on a
 tiny set for a few iterations and four corruptions (the test suite runs it;
-its numbers mean nothing; its trainings run in one process) and writes its
-report into the work dir.
+its numbers mean nothing; its trainings run in one process).
 """
 import argparse
 import os.path as osp
@@ -34,18 +36,20 @@ from projects.mmdet3d_plugin.apis.object_metrics import MIN_LIDAR_POINTS, SCORE_
 from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN
 from projects.mmdet3d_plugin.experiments.demo_pipeline import DemoDataset, DemoStudyTools
 from projects.mmdet3d_plugin.experiments.robustness_study import RobustnessStudy, StudyOptions
-from projects.mmdet3d_plugin.experiments.study_arms import STUDY_DESIGNS
+from projects.mmdet3d_plugin.experiments.study_arms import FINETUNE_TEST_CORRUPTIONS, STUDY_DESIGNS
 from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
 from tools.data_converter.synthetic.generator import GENERATOR_VERSION
 
 QUICK_CORRUPTIONS = dict(failures=(CLEAN, 'lidar_drop', 'object_drop:0.5', 'mixed:120'),
-                         lies=(CLEAN, 'lidar_ghost:3', 'view_yaw:2:20', 'mixed_lie:120'))
+                         lies=(CLEAN, 'lidar_ghost:3', 'view_yaw:2:20', 'mixed_lie:120'),
+                         finetune=FINETUNE_TEST_CORRUPTIONS)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Does routing pay under sensor failures? The robustness study')
     parser.add_argument('--design', choices=sorted(STUDY_DESIGNS), default='failures', help='the study: sensors '
-                        'that fail (default; report study.md) or that lie (report study_lies.md)')
+                        'that fail (default; report study.md), that lie (study_lies.md), or the fine-tune recipe '
+                        'from a trained CMT (study_finetune.md)')
     parser.add_argument('--quick', action='store_true', help='a tiny set, a few iterations, four corruptions')
     parser.add_argument('--seeds', type=int, nargs='+', help='training seeds (default: 0 1 2; --quick: 0)')
     parser.add_argument('--scenes', type=int, help='synthetic scenes of 2 samples, a fifth for validation '
@@ -77,7 +81,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--data-root', help='default: data/synthetic_study (--quick: data/synthetic_study_quick)')
     parser.add_argument('--work-dir', help='default: work_dirs/<report> (study, study_lies; --quick: '
                         'work_dirs/<report>_quick)')
-    parser.add_argument('--out', help='report folder (default: docs/robustness; --quick: <work dir>/report)')
+    parser.add_argument('--out', help='report folder (default: <work dir>/report; docs/robustness regenerates the '
+                        'report the documentation ships)')
     args = parser.parse_args(argv)
     args.command = ' '.join(['python tools/robustness_study.py'] + list(sys.argv[1:] if argv is None else argv))
     quick = args.quick
@@ -92,7 +97,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                                                          else design.corruptions) if spec != CLEAN]
     args.data_root = args.data_root or ('data/synthetic_study_quick' if quick else 'data/synthetic_study')
     args.work_dir = args.work_dir or f'work_dirs/{design.report}' + ('_quick' if quick else '')
-    args.out = args.out or (osp.join(args.work_dir, 'report') if quick else 'docs/robustness')
+    args.out = args.out or osp.join(args.work_dir, 'report')
     return args
 
 

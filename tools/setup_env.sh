@@ -15,7 +15,7 @@
 #      cached in $CMT_AQR_HOME/wheels (a folder per mode)
 #   4. mmdet3d 1.0.0rc6 from its sdist with the `mmcv<=1.7.0` assertion relaxed
 #      to 1.7.2 and numpy's removed aliases (np.bool, ...) replaced, rebuilt as
-#      a wheel and cached (see README "Why mmdet3d is patched")
+#      a wheel and cached (see docs/install.md, "Why mmdet3d is patched")
 #   5. the pinned runtime and test requirements (requirements/*.txt); in CUDA
 #      mode spconv's CUDA build matching torch's CUDA instead of `spconv`
 #      (the choices: tools/cuda_build.py)

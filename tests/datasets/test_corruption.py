@@ -16,7 +16,8 @@ from projects.mmdet3d_plugin.datasets.box_geometry import points_in_boxes
 from projects.mmdet3d_plugin.datasets.corruption_geometry import (axis_angle_rotation, boxes_at_time_lag,
                                                                   camera_forward_yaw, enlarged_boxes, kept_beams,
                                                                   points_in_sweep_frames)
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_KEY, parse_corruption
+from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_KEY
+from projects.mmdet3d_plugin.datasets.pipelines.corruption_spec import parse_corruption
 
 SAMPLE = 0  # val sample 0 of the synthetic set
 

@@ -15,8 +15,8 @@ from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corrupt
 from projects.mmdet3d_plugin.datasets.corruption_geometry import (camera_forward_yaw, lidar_misalignment,
                                                                   segments_through_boxes, yaw_token_shift)
 from projects.mmdet3d_plugin.datasets.pipelines.corruption import (AUGMENTATION_META_KEYS, CORRUPTION_KEY,
-                                                                   MISALIGNMENT_SHIFT_M, VIEW_YAW_DEG,
-                                                                   parse_corruption)
+                                                                   MISALIGNMENT_SHIFT_M)
+from projects.mmdet3d_plugin.datasets.pipelines.corruption_spec import VIEW_YAW_DEG, parse_corruption
 from projects.mmdet3d_plugin.datasets.pipelines.random_corruption import RandomSensorCorruption
 from projects.mmdet3d_plugin.models.aqr.routing_targets import count_points_in_boxes
 from projects.mmdet3d_plugin.models.aqr.sensor_lies import ghost_boxes

@@ -6,8 +6,9 @@ from mmcv import Config
 from mmdet3d.datasets.pipelines import Compose
 from mmdet3d.models import build_model
 
-from projects.mmdet3d_plugin.experiments.study_arms import (STAGE2_CORRUPTIONS, STUDY_ARMS, StudyArm, arm_config,
-                                                     checkpoint_arm, set_modality_drop, study_arm)
+from projects.mmdet3d_plugin.experiments.study_arms import (FINETUNE_TEST_CORRUPTIONS, STAGE2_CORRUPTIONS, STUDY_ARMS,
+                                                            STUDY_DESIGNS, StudyArm, arm_config, checkpoint_arm,
+                                                            set_modality_drop, study_arm)
 from projects.mmdet3d_plugin.datasets.corruption_config import add_train_corruptions
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -112,3 +113,23 @@ def test_bad_pipelines_and_specs_are_refused():
         set_modality_drop(cfg, 0.1, 0.4)
     with pytest.raises(ValueError, match='no ModalMask3D step to put the corruptions before'):
         add_train_corruptions(cfg, STAGE2_CORRUPTIONS)
+
+
+def test_the_finetune_design_runs_the_published_recipe_with_and_without_routing(tmp_path):
+    design = STUDY_DESIGNS['finetune']
+    assert [arm.name for arm in design.arms] == ['stage1', 'control', 'aqr_finetune']
+    assert design.arms[0] == study_arm('stage1') and design.corruptions == FINETUNE_TEST_CORRUPTIONS
+    assert not design.stage2_corruptions and not any(arm.train_corruptions for arm in design.arms)
+    control, routed = (arm_config(study_arm(name, design.arms), str(tmp_path), 1, 0.0, 0.0, load_from='stage1.pth',
+                                  repo_root=REPO_ROOT) for name in ('control', 'aqr_finetune'))
+    assert control.load_from == routed.load_from == 'stage1.pth' and control.runner.max_epochs == 1
+    assert control.optimizer.lr == routed.optimizer.lr == 1.4e-3 / 40 and control.lr_config == routed.lr_config
+    assert 'UnifiedObjectSample' in _types(control)  # removed from the first epoch on by the hook
+    assert control.custom_hooks[0] == routed.custom_hooks[0] == dict(type='DisableObjectSampleHook',
+                                                                     disable_after_epoch=0)
+    assert [hook['type'] for hook in control.custom_hooks[1:]] == ['FreezeParametersHook'] and \
+        len(routed.custom_hooks) == 1
+    assert routed.optimizer.paramwise_cfg.custom_keys == {'aqr_weight_generator': dict(lr_mult=10.0),
+                                                          'attention_bias_generator': dict(lr_mult=10.0)}
+    routed.model.pts_bbox_head.aqr_config.query_loss_weight = 1.0  # the published recipe has no routing targets
+    assert routed.model == control.model

@@ -27,11 +27,15 @@ NUM_QUERY = 40
 REFERENCE_RTOL = 1e-5
 
 
-def reduced_cmt_config(name: str) -> Config:
-    """configs/<name>.py with a small point-cloud range and few queries (see the module docstring)."""
+def reduced_cmt_config(name: str, weight_head_std: float = 0.01) -> Config:
+    """configs/<name>.py with a small point-cloud range and few queries (see the module docstring); in an AQR
+    config, the router's weight head starts with weights of ``weight_head_std`` (0.01: every query its own weights,
+    so that the tests see the routing at work; 0, the configs' own: every query exactly at its ``init_weight``)."""
     cfg = Config.fromfile(os.path.join(REPO_ROOT, 'configs', f'{name}.py'))
     model = cfg.model
     head = model.pts_bbox_head
+    if head.get('aqr_config'):
+        head.aqr_config.weight_head_std = weight_head_std
     head.num_query = NUM_QUERY
     head.bbox_coder.pc_range = SMALL_RANGE
     voxel_size = head.bbox_coder.voxel_size

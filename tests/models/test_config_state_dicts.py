@@ -1,5 +1,6 @@
-"""Every config in configs/, configs/demo/ and configs/design_notes/ builds a model with the state dict it had
-before the head was rebuilt from parts (issue 39): the same keys, shapes and order.
+"""Every config in configs/, configs/demo/, configs/design_notes/ and configs/finetune/ builds a model with the
+state dict it had before the head was rebuilt from parts (issue 39): the same keys, shapes and order (a fine-tune
+config, those of the published config it fine-tunes).
 
 ``tests/data/reference/config_state_dicts/digests.json`` holds, per config, the number of ``state_dict()``
 entries and the SHA-256 of its ``key<TAB>shape`` lines in order, recorded from the tree of
@@ -19,7 +20,7 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGESTS = os.path.join(REPO_ROOT, 'tests', 'data', 'reference', 'config_state_dicts', 'digests.json')
-CONFIG_DIRS = ('configs', 'configs/demo', 'configs/design_notes')
+CONFIG_DIRS = ('configs', 'configs/demo', 'configs/design_notes', 'configs/finetune')
 
 
 def config_paths(root: str = REPO_ROOT):

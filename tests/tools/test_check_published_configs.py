@@ -1,20 +1,25 @@
 """tools/check_published_configs.py: a published config, unchanged but for its data root and schedule length,
-trains in 2 processes through tools/dist_train.sh, tests through tools/dist_test.sh and writes a submission.
+trains in 2 processes through tools/dist_train.sh, tests through tools/dist_test.sh and writes a submission; a
+fine-tune config does the same from the checkpoint its CMT config's check trained.
 
-The CI-sized slice: the R50 CMT-AQR config for one iteration (one sample per process) on a nuScenes-shaped set of
-one train and one val key frame (``--preset nuscenes-mini`` with one sweep and a sparse LiDAR).
+The CI-sized slice: the R50 CMT-AQR fine-tune config for one iteration (one sample per process) from the R50 CMT
+config trained one iteration, on a nuScenes-shaped set of one train and one val key frame (``--preset
+nuscenes-mini`` with one sweep and a sparse LiDAR).
 """
 import json
 import os.path as osp
 
 import pytest
+from mmcv import Config
 
-from projects.mmdet3d_plugin.experiments.published_configs import (PUBLISHED_CONFIGS, ConfigCheck, checked_config,
-                                                                   results_table, train_log_summary)
+from projects.mmdet3d_plugin.experiments.published_configs import (FINETUNE_CONFIGS, PUBLISHED_CONFIGS, ConfigCheck,
+                                                                   check_config, checked_config, results_table,
+                                                                   source_config, train_log_summary)
 from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
 from tools import check_published_configs, create_data, make_synthetic_nuscenes
 
 SLICE_CONFIG = 'cmt_aqr_voxel0100_r50_800x320_cbgs'
+FINETUNE_SLICE = 'cmt_aqr_voxel0100_r50_800x320_finetune_1e'
 
 
 @pytest.fixture(scope='module')
@@ -27,7 +32,6 @@ def nuscenes_shaped(tmp_path_factory) -> str:
 
 
 def test_the_six_published_configs_are_checked_and_only_their_schedule_and_data_root_change(nuscenes_shaped):
-    from mmcv import Config
     names = [osp.basename(path) for path in PUBLISHED_CONFIGS]
     assert len(names) == 6 and sum(name.startswith('cmt_aqr_') for name in names) == 2
     original = Config.fromfile(osp.join(REPO_ROOT, 'configs', f'{SLICE_CONFIG}.py'))
@@ -67,17 +71,42 @@ def test_log_summary_and_table_flag_a_non_finite_loss(tmp_path):
     assert '| **no** | 2.5 |' in results_table([ConfigCheck('configs/x.py', **summary)])
 
 
-@pytest.mark.slow(seconds=150)
-def test_the_r50_cmt_aqr_config_trains_tests_and_submits_in_two_processes(nuscenes_shaped, tmp_path):
+def test_the_fine_tune_configs_are_checked_from_their_cmt_configs_checkpoint(nuscenes_shaped, tmp_path):
+    assert [osp.basename(path) for path in FINETUNE_CONFIGS] == [
+        'cmt_aqr_voxel0075_vov_1600x640_finetune_1e.py', 'cmt_aqr_voxel0075_vov_1600x640_finetune_1e_router_only.py',
+        'cmt_aqr_voxel0100_r50_800x320_finetune_1e.py', 'cmt_aqr_voxel0100_r50_800x320_finetune_1e_router_only.py',
+        'cmt_voxel0075_vov_1600x640_finetune_1e.py', 'cmt_voxel0100_r50_800x320_finetune_1e.py']
+    assert {path: source_config(path) for path in FINETUNE_CONFIGS if 'r50' in path} == dict.fromkeys(
+        [path for path in FINETUNE_CONFIGS if 'r50' in path], 'configs/cmt_voxel0100_r50_800x320_cbgs.py')
+    assert source_config(f'configs/{SLICE_CONFIG}.py') is None
+    # its first epoch: no GT sampling, no epoch hook (the check's runner counts iterations)
+    checked = checked_config(f'configs/finetune/{FINETUNE_SLICE}.py', nuscenes_shaped, iters=2)
+    original = Config.fromfile(osp.join(REPO_ROOT, 'configs', 'finetune', f'{FINETUNE_SLICE}.py'))
+    assert 'custom_hooks' not in checked and checked.load_from == original.load_from
+    assert [step['type'] for step in checked.data.train.dataset.pipeline] == [
+        step['type'] for step in original.data.train.dataset.pipeline if step['type'] != 'UnifiedObjectSample']
+    router_only = checked_config(f'configs/finetune/{FINETUNE_SLICE}_router_only.py', nuscenes_shaped, iters=2)
+    assert [hook['type'] for hook in router_only.custom_hooks] == ['FreezeParametersHook']
+    row = check_config(f'configs/finetune/{FINETUNE_SLICE}.py', nuscenes_shaped, str(tmp_path), 1, 2)
+    assert row.failed.startswith('no checkpoint of configs/cmt_voxel0100_r50_800x320_cbgs.py at ') and \
+        row.failed.endswith('(check that config first)')
+
+
+@pytest.mark.slow(seconds=220)
+def test_the_r50_cmt_aqr_fine_tune_trains_from_cmt_tests_and_submits_in_two_processes(nuscenes_shaped, tmp_path):
     rows_file = str(tmp_path / 'rows.json')
-    returncode = check_published_configs.main(['--data-root', nuscenes_shaped, '--configs', SLICE_CONFIG, '--iters', '1',
-                                               '--samples-per-gpu', '1', '--workers-per-gpu', '0', '--work-dir',
+    returncode = check_published_configs.main(['--data-root', nuscenes_shaped, '--configs', FINETUNE_SLICE, '--iters',
+                                               '1', '--samples-per-gpu', '1', '--workers-per-gpu', '0', '--work-dir',
                                                str(tmp_path / 'work'), '--json', rows_file])
     with open(rows_file) as f:
-        row, = json.load(f)
+        source, row = json.load(f)
+    assert source['config'] == 'configs/cmt_voxel0100_r50_800x320_cbgs.py' and source['nds'] is None  # trained only
+    assert row['config'] == f'configs/finetune/{FINETUNE_SLICE}.py'
     assert row['failed'] == '' and returncode == 0, row
     assert row['losses_finite'] and row['seconds_per_iter'] > 0 and row['peak_host_mib'] > 0
     assert 0.0 <= row['nds'] <= 1.0
+    train_log = next((tmp_path / 'work' / FINETUNE_SLICE / 'train').glob('*.log')).read_text()
+    assert 'AQR parameters are not in the checkpoint (a CMT checkpoint) and keep their initialisation' in train_log
     assert row['submission_samples'] == 1
 
 

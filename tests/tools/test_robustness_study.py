@@ -17,7 +17,8 @@ def test_defaults_are_three_seeds_and_every_corruption_after_clean():
     assert options.seeds == [0, 1, 2] and options.scenes == 150 and not options.shared_stage1
     assert (options.stage1_epochs, options.stage2_epochs, options.score_threshold) == (12, 4, 0.3)
     assert options.corruptions[0] == 'clean' and len(options.corruptions) == 11
-    assert (options.work_dir, options.out) == ('work_dirs/study', 'docs/robustness')
+    assert (options.work_dir, options.out) == ('work_dirs/study', 'work_dirs/study/report')  # never docs/
+    assert study.parse_args(['--out', 'docs/robustness']).out == 'docs/robustness'  # regenerating the shipped pages
     moved = study.study_options(study.parse_args(['--corruptions', 'lidar_drop', 'clean', '--score-thr', '0.5']))
     assert moved.corruptions == ['clean', 'lidar_drop'] and moved.score_threshold == 0.5
     quick = study.study_options(study.parse_args(['--quick']))
@@ -25,7 +26,8 @@ def test_defaults_are_three_seeds_and_every_corruption_after_clean():
     assert quick.corruptions == list(study.QUICK_CORRUPTIONS['failures'])
     assert quick.out == 'work_dirs/study_quick/report' and quick.design == 'failures'
     lies = study.study_options(study.parse_args(['--design', 'lies']))
-    assert lies.design == 'lies' and (lies.work_dir, lies.out) == ('work_dirs/study_lies', 'docs/robustness')
+    assert lies.design == 'lies' and lies.work_dir == 'work_dirs/study_lies'
+    assert lies.out == 'work_dirs/study_lies/report'
     assert lies.corruptions[:5] == ['clean', 'lidar_ghost:3', 'view_yaw:2:20', 'lidar_misalign:0.4:2',
                                     'mixed_lie:120']
     assert study.parse_args(['--design', 'lies', '--quick']).work_dir == 'work_dirs/study_lies_quick'

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_FORMS
+from projects.mmdet3d_plugin.datasets.pipelines.corruption_spec import CORRUPTION_FORMS
 from projects.mmdet3d_plugin.models.detectors.cmt import CmtDetector
 from tools import test as test_tool
 

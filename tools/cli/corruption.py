@@ -6,7 +6,7 @@ a bad one is refused while parsing, with the valid forms.
 import argparse
 
 from projects.mmdet3d_plugin.apis.robustness_eval import CLEAN
-from projects.mmdet3d_plugin.datasets.pipelines.corruption import CORRUPTION_FORMS, parse_corruption
+from projects.mmdet3d_plugin.datasets.pipelines.corruption_spec import CORRUPTION_FORMS, parse_corruption
 
 
 def corruption_spec(text: str) -> str:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from mmcv import Config
 from mmcv.cnn import fuse_conv_bn
-from mmcv.runner import load_checkpoint, wrap_fp16_model
+from mmcv.runner import wrap_fp16_model
 from mmcv.utils import print_log
 from mmdet.datasets import build_dataloader, replace_ImageToTensor
 from mmdet3d.models import build_model
@@ -30,6 +30,7 @@ from ..datasets.corruption_config import corrupt_config
 from ..datasets.pipelines.corruption import parse_corruption
 from ..mmcv_custom.launch import load_config
 from ..models.dense_heads.query_router import TEST_ROUTINGS
+from .checkpoint_loading import load_detector_checkpoint
 
 #: ``evaluation`` config keys that belong to mmcv's EvalHook, not to ``dataset.evaluate``.
 EVAL_HOOK_KEYS = ('interval', 'tmpdir', 'start', 'gpu_collect', 'save_best', 'rule')
@@ -109,7 +110,7 @@ def build_test_model(cfg: Config, checkpoint: str, classes: Sequence[str], logge
     model = build_model(cfg.model, train_cfg=None, test_cfg=cfg.get('test_cfg'))
     if cfg.get('fp16', None) is not None:
         wrap_fp16_model(model)
-    state = load_checkpoint(model, checkpoint, map_location='cpu', logger=logger)
+    state = load_detector_checkpoint(model, checkpoint, logger=logger)
     if fuse_bn:
         model = fuse_conv_bn(model)
     model.CLASSES = state.get('meta', {}).get('CLASSES', classes)

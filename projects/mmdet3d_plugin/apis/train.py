@@ -1,26 +1,24 @@
 """``train_detector``: the training entry point (``tools/train.py``), beside the test one (:mod:`.test`).
 
 mmdet's training loop (epoch- or iteration-based, :func:`seed_sync_on`), on GPU or CPU, single-process or
-distributed: the steps of mmdet 2.x's ``train_detector`` (data loaders,
-model wrapper, optimizer, runner, hooks, evaluation, resume), except that
+distributed: the steps of mmdet 2.x's ``train_detector`` (data loaders, model wrapper, optimizer, runner, hooks,
+evaluation, resume), except that
 
-* the model is wrapped by ``mmcv_custom.parallel.wrap_model``, which also
-  handles distributed runs on CPU, after the ``FreezeParametersHook`` of
-  ``cfg.custom_hooks`` froze its parameters
-  (``mmcv_custom.freeze_parameters.freeze_before_wrapping``), so that
-  ``DistributedDataParallel`` registers only the trainable ones;
-* a resumed run sees the data order and random numbers of the interrupted
-  one: the training order depends only on ``(seed, epoch)`` (mmdet's seeded
-  ``DistributedGroupSampler``, in single-process runs too), and
-  ``mmcv_custom.seeding.EpochSeedHook`` re-seeds the random generators at
-  every epoch start;
-* the training log is read once per logging interval: the detector keeps
-  its log variables on the device, the runner's ``log_buffer`` is a
-  ``mmcv_custom.device_log.DeviceLogBuffer``, and an ``optimizer_config``
-  without a ``type`` builds ``DeviceLogOptimizerHook``;
-* auto-resume takes the newest checkpoint that loads, found once by rank 0
-  for every process (``mmcv_custom.checkpoint.find_resume_checkpoint_once``),
-  and an explicit ``resume_from`` that does not load is a clear error.
+* the model is wrapped by ``mmcv_custom.parallel.wrap_model``, which also handles distributed runs on CPU, after
+  the ``FreezeParametersHook`` of ``cfg.custom_hooks`` froze its parameters
+  (``mmcv_custom.freeze_parameters.freeze_before_wrapping``), so that ``DistributedDataParallel`` registers only
+  the trainable ones;
+* a resumed run sees the data order and random numbers of the interrupted one: the training order depends only
+  on ``(seed, epoch)`` (mmdet's seeded ``DistributedGroupSampler``, in single-process runs too), and
+  ``mmcv_custom.seeding.EpochSeedHook`` re-seeds the random generators at every epoch start;
+* the training log is read once per logging interval: the detector keeps its log variables on the device, the
+  runner's ``log_buffer`` is a ``mmcv_custom.device_log.DeviceLogBuffer``, and an ``optimizer_config`` without a
+  ``type`` builds ``DeviceLogOptimizerHook``;
+* ``load_from`` reports AQR's parameters that a CMT checkpoint lacks apart from any other missing key, and
+  refuses a checkpoint of another config (:func:`.checkpoint_loading.load_detector_checkpoint`);
+* auto-resume takes the newest checkpoint that loads, found once by rank 0 for every process
+  (``mmcv_custom.checkpoint.find_resume_checkpoint_once``), and an explicit ``resume_from`` that does not load is
+  a clear error.
 
 :func:`linear_scaled_lr` is ``--autoscale-lr``'s rule.
 """
@@ -41,6 +39,7 @@ from ..mmcv_custom.device_log import DeviceLogBuffer
 from ..mmcv_custom.freeze_parameters import freeze_before_wrapping
 from ..mmcv_custom.parallel import wrap_model
 from ..mmcv_custom.seeding import EpochSeedHook
+from .checkpoint_loading import load_detector_checkpoint
 
 #: The number of GPUs (processes) the configs' learning rates are set for, as in mmdet3d.
 REFERENCE_GPUS = 8
@@ -130,5 +129,5 @@ def train_detector(model, datasets: Sequence, cfg: Config, distributed: bool = F
         check_resumable(resume_from)
         runner.resume(resume_from)
     elif cfg.load_from:
-        runner.load_checkpoint(cfg.load_from)
+        load_detector_checkpoint(runner.model, cfg.load_from, logger, purpose='load_from')
     runner.run(data_loaders, cfg.workflow)

@@ -10,7 +10,8 @@ CMT-AQR recipe write the head flat::
 
 ``CmtHead`` takes its options grouped (:data:`.legacy_keys.HEAD_GROUPS`:
 ``task_heads``, ``losses``, ``denoising``, ``routing``, ``passes``,
-``camera_aids``). This moves every flat key into its group, turns the
+``aids``). This moves every flat key into its group (and the keys of the
+earlier groups ``camera_aids`` / ``lidar_aids`` into ``aids``), turns the
 registry names ``CmtLidarHead`` / ``CmtImageHead`` into ``CmtHead`` with
 ``passes['modalities']`` ``('lidar',)`` / ``('camera',)``, drops the options
 kept only for old configs (``norm_bbox=True``, ``loss_heatmap`` with a warning,
@@ -20,7 +21,7 @@ does not know are left for ``CmtHead``, which refuses them (``TypeError``).
 import warnings
 from typing import Dict, Mapping, Optional, Tuple
 
-from .legacy_keys import HEAD_GROUPS, LegacyKeyError, log_rewrite, refuse
+from .legacy_keys import HEAD_GROUPS, RENAMED_HEAD_GROUPS, LegacyKeyError, log_rewrite, refuse
 
 #: the head's registry names -> the tokens the name implies (None: whatever ``passes`` says)
 HEAD_TYPES: Dict[str, Optional[Tuple[str, ...]]] = dict(CmtHead=None, CmtLidarHead=('lidar', ),
@@ -53,16 +54,15 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
     refuse(where, cfg, 'CmtHead')
     _drop_old_options(cfg, name, where)
     enable_aqr = cfg.pop('enable_aqr', None)
+    for old_group, group in RENAMED_HEAD_GROUPS.items():
+        if old_group in cfg:
+            _move_into_group(cfg, group, dict(cfg.pop(old_group) or {}), f'{where}.{old_group}.', where)
+            log_rewrite(f'{where}.{old_group}.*', f'{where}.{group}.*')
     for group, keys in HEAD_GROUPS.items():
         flat = [key for key in keys if key in cfg]
         if not flat:
             continue
-        grouped = dict(cfg.get(group) or {})
-        for key in flat:
-            value = cfg.pop(key)
-            grouped[key] = _merge_flat_into_group(value, grouped[key], f'{where}.{key}', f'{where}.{group}.{key}') \
-                if key in grouped else value
-        cfg[group] = grouped
+        _move_into_group(cfg, group, {key: cfg.pop(key) for key in flat}, f'{where}.', where)
         old = flat[0] if len(flat) == 1 else f'{{{", ".join(flat)}}}'
         log_rewrite(f'{where}.{old}', f'{where}.{group}.*')
     if enable_aqr is not None:
@@ -76,6 +76,16 @@ def upgrade_head_config(cfg: Mapping, where: str = 'pts_bbox_head') -> dict:
         cfg.update(type='CmtHead', passes=passes)
         log_rewrite(f"{where}.type='{name}'", f"{where}.type='CmtHead', {where}.passes.modalities={modalities}")
     return cfg
+
+
+def _move_into_group(cfg: dict, group: str, values: Mapping, old_prefix: str, where: str) -> None:
+    """Put ``values`` (key -> value, each from ``<old_prefix><key>``) into ``cfg[group]``, a new dict, merging a key
+    the group already has (:func:`_merge_flat_into_group`)."""
+    grouped = dict(cfg.get(group) or {})
+    for key, value in values.items():
+        grouped[key] = _merge_flat_into_group(value, grouped[key], f'{old_prefix}{key}', f'{where}.{group}.{key}') \
+            if key in grouped else value
+    cfg[group] = grouped
 
 
 def _merge_flat_into_group(flat, grouped, flat_path: str, group_path: str):

@@ -29,9 +29,12 @@ HEAD_GROUPS: Dict[str, tuple] = dict(
     routing=('aqr_config', 'attention_bias_config', 'modulation', 'weight_renderer_config',
              'feature_modulator_config'),
     passes=('modalities', 'modality_passes', 'pass_decoders', 'lidar_free_pass', 'camera_free_pass'),
-    camera_aids=('image_aux_config', 'camera_depth_position', 'camera_window_prior', 'fused_image_drop_prob'),
-    lidar_aids=('bev_aux_config', ),
+    aids=('image_aux_config', 'camera_depth_position', 'camera_window_prior', 'fused_image_drop_prob',
+          'bev_aux_config'),
 )
+#: ``CmtHead`` sub-configs of earlier versions (in configs dumped by their runs) -> the sub-config that holds their
+#: keys now
+RENAMED_HEAD_GROUPS: Dict[str, str] = dict(camera_aids='aids', lidar_aids='aids')
 #: the design notes' head keys that have another form here
 HEAD_RENAMED_KEYS: Dict[str, LegacyKey] = dict(
     renderer_config=LegacyKey("routing=dict(weight_renderer_config=..., modulation='feature')", False),
@@ -46,6 +49,7 @@ LEGACY_KEYS: Dict[str, Dict[str, LegacyKey]] = dict(
     CmtDetector=dict(pts_head=LegacyKey("pts_bbox_head=dict(type='CmtHead', ...)", False)),
     CmtHead=dict(
         {key: LegacyKey(f'{group}=dict({key}=...)', True) for group, keys in HEAD_GROUPS.items() for key in keys},
+        **{old: LegacyKey(f'{group}=dict(...)', True) for old, group in RENAMED_HEAD_GROUPS.items()},
         enable_aqr=LegacyKey('routing=dict(aqr_config=...) (AQR is on iff aqr_config is given)', True),
         norm_bbox=LegacyKey('nothing (the head always regresses normalize_bbox codes)', True),
         loss_heatmap=LegacyKey('nothing (CMT computes no heatmap loss)', True),

@@ -18,8 +18,8 @@ from mmdet.datasets.builder import PIPELINES as MMDET_PIPELINES
 from mmdet3d.datasets.builder import PIPELINES as MMDET3D_PIPELINES
 from mmdet3d.datasets.pipelines import Compose
 
-from .pipelines.corruption import (AUGMENTATION_META_KEYS, CORRUPTION_KEY, GHOST_MODES, corruption_mode,
-                                  parse_corruption)
+from .pipelines.corruption import AUGMENTATION_META_KEYS, CORRUPTION_KEY
+from .pipelines.corruption_spec import GHOST_MODES, corruption_mode, parse_corruption
 
 #: The loading step each corrupted input needs.
 REQUIRED_LOADER = {'points': 'LoadPointsFromFile', 'img': 'LoadMultiViewImageFromFiles'}

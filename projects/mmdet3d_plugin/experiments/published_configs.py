@@ -1,13 +1,13 @@
 """Run every published config as a user would (``tools/check_published_configs.py``): train, test, submit.
 
-For each config (:data:`PUBLISHED_CONFIGS`), in ``<work dir>/<config name>/``:
+For each config (:data:`PUBLISHED_CONFIGS`, :data:`FINETUNE_CONFIGS`), in ``<work dir>/<config name>/``:
 
 1. ``<config name>.py``: the config with the data root pointed at the given set and its schedule cut to
    ``iters`` iterations (``IterBasedRunner``, a checkpoint at the end, a log line per iteration) and
-   nothing else changed: its train pipeline (GT sampling, CBGS, GridMask where it has it), optimizer and
-   optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` and ``cfg_options``
-   only when asked; ``host_syncs``: a ``HostSyncReportHook`` lists the host synchronisations of the iterations
-   after the first);
+   nothing else changed: its first epoch's train pipeline (GT sampling, CBGS, GridMask where it has it),
+   optimizer and optimizer hook stay (:func:`checked_config`; ``samples_per_gpu`` / ``workers_per_gpu`` and
+   ``cfg_options`` only when asked; ``host_syncs``: a ``HostSyncReportHook`` lists the host synchronisations of
+   the iterations after the first); a fine-tune config loads the checkpoint of its source config's check;
 2. ``tools/dist_train.sh <config> <processes>``;
 3. ``tools/dist_test.sh <config> <checkpoint> <processes> --eval bbox``;
 4. ``tools/test.py <config> <checkpoint> --format-only``: ``results_nusc.json``, loaded back with the
@@ -39,6 +39,13 @@ from .tool_runner import start_tool
 #: The published configs: the four CMT configs and the two CMT-AQR configs.
 PUBLISHED_CONFIGS = tuple(sorted(osp.relpath(path, REPO_ROOT)
                                  for path in glob.glob(osp.join(REPO_ROOT, 'configs', 'cmt_*.py'))))
+#: The fine-tune configs: each starts from the checkpoint of a published CMT config (its ``load_from``).
+FINETUNE_CONFIGS = tuple(sorted(osp.relpath(path, REPO_ROOT)
+                                for path in glob.glob(osp.join(REPO_ROOT, 'configs', 'finetune', '*.py'))))
+#: ``load_from`` of a fine-tune config: where ``tools/train.py configs/<name>.py`` writes its checkpoints.
+_WORK_DIR_CHECKPOINT = re.compile(r'^work_dirs/([^/]+)/[^/]+\.pth$')
+#: The GT-sampling transforms (``DisableObjectSampleHook`` removes them).
+GT_SAMPLING = ('ObjectSample', 'UnifiedObjectSample')
 NDS_KEY = 'pts_bbox_NuScenes/NDS'
 #: ``HostSyncReportHook``'s total in the training log.
 HOST_SYNCS = re.compile(r'host syncs / iter: ([0-9.eE+-]+)')
@@ -69,6 +76,7 @@ def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Opt
 
     from ..datasets.data_root_config import retarget_data_root
     cfg = retarget_data_root(Config.fromfile(osp.join(REPO_ROOT, config)), osp.abspath(data_root))
+    first_epoch_pipeline(cfg)
     cfg.runner = dict(type='IterBasedRunner', max_iters=iters)
     cfg.checkpoint_config = dict(cfg.checkpoint_config, by_epoch=False, interval=iters)
     cfg.log_config = dict(cfg.log_config, interval=1)
@@ -83,6 +91,33 @@ def checked_config(config: str, data_root: str, iters: int, samples_per_gpu: Opt
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def first_epoch_pipeline(cfg) -> None:
+    """What the first epoch of ``cfg`` trains, without ``DisableObjectSampleHook`` (in place): the check's
+    ``IterBasedRunner`` counts no epochs, so the hook is taken out, and with ``disable_after_epoch=0`` the GT
+    sampling with it."""
+    hooks = list(cfg.get('custom_hooks', None) or [])
+    switches = [hook for hook in hooks if hook['type'] == 'DisableObjectSampleHook']
+    if not switches:
+        return
+    cfg.custom_hooks = [hook for hook in hooks if hook['type'] != 'DisableObjectSampleHook']
+    if not cfg.custom_hooks:
+        cfg.pop('custom_hooks')
+    if switches[0].get('disable_after_epoch', 15) == 0:
+        train = cfg.data.train
+        while 'pipeline' not in train:  # CBGSDataset, RepeatDataset, ...
+            train = train.dataset
+        train.pipeline = [step for step in train.pipeline if step['type'] not in GT_SAMPLING]
+
+
+def source_config(config: str) -> Optional[str]:
+    """The published config whose checkpoint a fine-tune ``config`` loads (its ``load_from`` is
+    ``work_dirs/<name>/<file>.pth`` and ``configs/<name>.py`` is published); None for the others."""
+    from mmcv import Config
+    match = _WORK_DIR_CHECKPOINT.match(Config.fromfile(osp.join(REPO_ROOT, config)).get('load_from') or '')
+    source = osp.join('configs', f'{match.group(1)}.py') if match else None
+    return source if source in PUBLISHED_CONFIGS else None
 
 
 def process_tree(root_pid: int) -> Set[int]:
@@ -172,23 +207,37 @@ def submission_samples(path: str) -> int:
     return len(boxes.sample_tokens)
 
 
+def trained_checkpoint(work_dir: str, config: str) -> str:
+    """Where :func:`check_config` leaves the checkpoint ``config`` trained."""
+    return osp.abspath(osp.join(work_dir, osp.splitext(osp.basename(config))[0], 'train', 'latest.pth'))
+
+
 def check_config(config: str, data_root: str, work_dir: str, iters: int, processes: int,
                  samples_per_gpu: Optional[int] = None, workers_per_gpu: Optional[int] = None,
-                 host_syncs: bool = False, cfg_options: Optional[dict] = None) -> ConfigCheck:
-    """Steps 1–4 of the module docstring for one config; stops at the first step that fails (``failed``)."""
+                 host_syncs: bool = False, cfg_options: Optional[dict] = None,
+                 train_only: bool = False) -> ConfigCheck:
+    """Steps 1–4 of the module docstring for one config (step 2 only with ``train_only``); stops at the first
+    step that fails (``failed``). A fine-tune config (:func:`source_config`) loads the checkpoint its source
+    config's check trained in ``work_dir`` (``failed`` without one)."""
     name = osp.splitext(osp.basename(config))[0]
     folder = osp.abspath(osp.join(work_dir, name))
     os.makedirs(folder, exist_ok=True)
     cfg_path = osp.join(folder, f'{name}.py')
-    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu, host_syncs, cfg_options).dump(cfg_path)
     row = ConfigCheck(config)
-    train_dir, checkpoint = osp.join(folder, 'train'), osp.join(folder, 'train', 'latest.pth')
+    source = source_config(config)
+    if source is not None:
+        cfg_options = dict(cfg_options or {}, load_from=trained_checkpoint(work_dir, source))
+        if not osp.isfile(cfg_options['load_from']):
+            row.failed = f'no checkpoint of {source} at {cfg_options["load_from"]} (check that config first)'
+            return row
+    checked_config(config, data_root, iters, samples_per_gpu, workers_per_gpu, host_syncs, cfg_options).dump(cfg_path)
+    train_dir, checkpoint = osp.join(folder, 'train'), trained_checkpoint(work_dir, config)
     steps = [('train', ['tools/dist_train.sh', cfg_path, str(processes), '--work-dir', train_dir]),
              ('test', ['tools/dist_test.sh', cfg_path, checkpoint, str(processes), '--eval', 'bbox', '--work-dir',
                        osp.join(folder, 'test')]),
              ('format', ['tools/test.py', cfg_path, checkpoint, '--format-only', '--work-dir', osp.join(folder, 'test'),
                          '--eval-options', f'jsonfile_prefix={osp.join(folder, "submission")}'])]
-    for step, command in steps:
+    for step, command in steps[:1] if train_only else steps:
         returncode, seconds, peak = run_measured(command, dict(PORT=str(free_port())))
         row.wall_seconds[step] = round(seconds, 1)
         row.peak_host_mib = max(row.peak_host_mib or 0.0, peak)
@@ -197,6 +246,8 @@ def check_config(config: str, data_root: str, work_dir: str, iters: int, process
             return row
         if step == 'train':
             vars(row).update(train_log_summary(train_dir))
+            if train_only:
+                return row
         elif step == 'test':
             with open(sorted(glob.glob(osp.join(folder, 'test', 'eval_*.json')))[-1]) as f:
                 row.nds = json.load(f)['metrics'].get(NDS_KEY)

@@ -342,7 +342,9 @@ class RobustnessStudy:
     def intro(self, minutes: float) -> List[str]:
         """The setup paragraph of the report: the run, the data, the arms and the metrics."""
         options = self.options
-        corruptions = describe_corruptions(self.design.stage2_corruptions)
+        corruptions = (f'with the same train-time corruptions (`RandomSensorCorruption`, one per sample or none: '
+                       f'{describe_corruptions(self.design.stage2_corruptions)})' if self.design.stage2_corruptions
+                       else 'on clean data')
         stage1 = (f'once (seed {options.seeds[0]}), shared by every seed\'s stage 2, so the spread covers stage 2 '
                   f'only' if options.shared_stage1 else 'per seed')
         lines = [
@@ -351,9 +353,7 @@ class RobustnessStudy:
             f'scenes for validation); every training with ModalMask3D modality drop (images dropped with probability '
             f'{options.image_drop}, else points with probability {options.lidar_drop}). Stage 1 '
             f'{_epochs(options.stage1_epochs)}, {stage1}; every stage-2 arm {_epochs(options.stage2_epochs)} from it, '
-            f'every parameter training (the control\'s router frozen), with the same train-time corruptions '
-            f'(`RandomSensorCorruption`, one per sample or none: '
-            f'{corruptions}).',
+            f'every parameter training (the control\'s router frozen), {corruptions}.',
             '', 'Arms:', '']
         lines += [f'- **{arm.label}** (`{arm.name}`, `{arm.config}`): {arm.description};' for arm in self.arms]
         lines += [

@@ -15,7 +15,10 @@ The ``lies`` design (sensors that give plausible but wrong evidence) trains
 stage 1, the control, the global gate and CMT-AQR on the failures and the lies
 (:data:`LIE_STAGE2_CORRUPTIONS`) with targets that know where a sensor lies,
 adds CMT-AQR with the muting bias (``aqr_mute``) and tests the oracle with
-``oracle_lies``. Every stage-2 arm trains every parameter from the stage-1
+``oracle_lies``. The ``finetune`` design runs the published fine-tune recipe
+(``configs/finetune/``) at the demo's scale: stage 1 stands in for a trained
+CMT, fine-tuned 1 epoch on clean data without (``control``) and with
+(``aqr_finetune``) the router learning. Every stage-2 arm trains every parameter from the stage-1
 checkpoint for the same epochs with the same train-time corruptions, so the
 control differs from the routing arms only in that its router stays frozen.
 :func:`arm_config` turns an arm into the mmcv ``Config`` its training runs.
@@ -150,6 +153,19 @@ LIE_STUDY_ARMS: Tuple[StudyArm, ...] = (
              'ghosts within 2 m muted): the headroom of the final router', ROUTING_CONFIG, 'none',
              test_routing='oracle_lies', evaluates='aqr_targets'),
 )
+#: The published fine-tune recipe at the demo's scale (``--design finetune``): its baseline and CMT-AQR twins.
+FINETUNE_CONTROL_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_fixed_routing_finetune.py'
+FINETUNE_ROUTING_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny_passes_finetune.py'
+FINETUNE_TEST_CORRUPTIONS = (CLEAN, 'lidar_drop', 'camera_drop', 'lidar_ghost:3')
+FINETUNE_ARMS: Tuple[StudyArm, ...] = (
+    STUDY_ARMS[2],
+    StudyArm('control', 'CMT fine-tune', 'stage 1, standing in for a trained CMT, fine-tuned as the published '
+             'recipe (configs/finetune/): 1 epoch on clean data without GT sampling at 1/40 of the peak learning rate, '
+             'routing still off', FINETUNE_CONTROL_CONFIG, 'stage2'),
+    StudyArm('aqr_finetune', 'CMT-AQR fine-tune', 'the same fine-tune with the router and alpha learning (10x the '
+             'learning rate) from the detection loss alone; loaded from stage 1, it starts exactly where stage 1 is',
+             FINETUNE_ROUTING_CONFIG, 'stage2'),
+)
 #: The arm every paired difference is taken against.
 REFERENCE_ARM = 'control'
 
@@ -182,6 +198,8 @@ STUDY_DESIGNS = {design.name: design for design in (
                 STAGE2_CORRUPTIONS, DEFAULT_CORRUPTIONS, 'study', ('object_drop:0.5', 'mixed:120')),
     StudyDesign('lies', 'Robustness study: does routing pay when sensors lie?', LIE_STUDY_ARMS,
                 LIE_STAGE2_CORRUPTIONS, LIE_TEST_CORRUPTIONS, 'study_lies', ('lidar_ghost:3', 'mixed_lie:120')),
+    StudyDesign('finetune', 'CMT-AQR from a trained CMT: does a routed fine-tune beat the same fine-tune without?',
+                FINETUNE_ARMS, (), FINETUNE_TEST_CORRUPTIONS, 'study_finetune', ('lidar_ghost:3', )),
 )}
 
 

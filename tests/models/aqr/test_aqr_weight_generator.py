@@ -42,7 +42,8 @@ def test_weights_are_probabilities_with_projection_info(rig, activation):
 
 
 def test_invisible_query_depends_only_on_its_lidar_window(rig):
-    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64).eval()
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   weight_head_std=0.01).eval()
     inputs = _inputs(rig, bs=1)
     lidar, camera, info = generator(**inputs)
     assert not info['visible'][0, 2]
@@ -52,17 +53,33 @@ def test_invisible_query_depends_only_on_its_lidar_window(rig):
     assert not torch.allclose(lidar[0, 0], lidar2[0, 0]), 'a visible query must see the camera features'
 
 
-def test_gradients_reach_every_parameter_and_the_features(rig):
+@pytest.mark.parametrize('weight_head_std', [0.0, 0.01])
+def test_gradients_reach_every_parameter_and_the_features(rig, weight_head_std):
+    """From a zero weight head (the default) only the head has a gradient at the first step; once its weights
+    are not zero (after that step, or ``weight_head_std > 0``) every parameter and the features have one."""
     generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
-                                   dropout=0.0)
+                                   dropout=0.0, weight_head_std=weight_head_std)
     inputs = _inputs(rig)
     inputs['bev_feat'].requires_grad_(True)
     inputs['img_feat'].requires_grad_(True)
     lidar, camera, _ = generator(**inputs)
     (lidar.sum() - camera.sum()).backward()
-    missing = [name for name, p in generator.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, f'no gradient for {missing}'
+    with_grad = [name for name, p in generator.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    if weight_head_std == 0:
+        assert with_grad == ['weight_head.weight', 'weight_head.bias']
+        return
+    assert with_grad == [name for name, _ in generator.named_parameters()]
     assert inputs['bev_feat'].grad.abs().sum() > 0 and inputs['img_feat'].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('init_weight, expected', [(None, 0.5), (0.9, 0.9)])
+def test_every_query_starts_exactly_at_init_weight(rig, init_weight, expected):
+    generator = AQRWeightGenerator(embed_dims=EMBED, num_heads=4, window_sizes=[3, 3], feedforward_channels=64,
+                                   init_weight=init_weight)
+    for weights in generator(**_inputs(rig))[:2]:
+        torch.testing.assert_close(weights, torch.full_like(weights, expected), atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match='weight_head_std must be >= 0'):
+        AQRWeightGenerator(weight_head_std=-0.1)
 
 
 def test_sizes_come_from_the_inputs(rig):

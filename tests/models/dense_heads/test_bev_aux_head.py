@@ -1,4 +1,4 @@
-"""BevAuxHead: dense heatmap, heading and velocity targets on the BEV memory, and CmtHead's lidar_aids."""
+"""BevAuxHead: dense heatmap, heading and velocity targets on the BEV memory, and CmtHead's aids."""
 import dataclasses
 import math
 
@@ -142,7 +142,7 @@ def test_a_head_without_lidar_tokens_refuses_it():
         head_cfg(bev_aux_config=BEV_AUX, **IMAGE_HEAD)
 
 
-def test_the_flat_key_is_grouped_into_lidar_aids():
+def test_the_flat_key_is_grouped_into_aids():
     model = upgrade_model_config(dict(type='CmtDetector', pts_bbox_head=dict(type='CmtHead', bev_aux_config=BEV_AUX)))
-    assert model['pts_bbox_head']['lidar_aids'] == dict(bev_aux_config=BEV_AUX)
+    assert model['pts_bbox_head']['aids'] == dict(bev_aux_config=BEV_AUX)
     assert gts()  # the shared fixtures stay importable

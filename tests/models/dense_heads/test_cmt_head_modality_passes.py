@@ -23,7 +23,7 @@ from test_cmt_head import LAYERS, features, head_cfg
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 REFERENCE = os.path.join(REPO_ROOT, 'tests', 'data', 'reference', 'cmt_head_fused_pass', 'outputs.pt')
 PASSES = ('fused', 'lidar', 'camera')
-AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
+AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3], weight_head_std=0.01),
            attention_bias_config=dict(type='AttentionBiasGenerator', window_size=3, bias_scale=2.0))
 FUSED_LOSSES = {'loss_cls', 'loss_bbox', 'dn_loss_cls', 'dn_loss_bbox'} | {
     f'd{layer}.{name}' for layer in range(LAYERS - 1)

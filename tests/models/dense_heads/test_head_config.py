@@ -1,6 +1,7 @@
 """config_upgrade.upgrade_head_config: upstream CMT's flat head options, the CMT -> CMT-AQR recipe and the legacy
 registry names become CmtHead's sub-configs."""
 import copy
+import inspect
 import logging
 
 import pytest
@@ -8,10 +9,12 @@ import torch
 from mmdet.models.builder import build_head
 
 import projects.mmdet3d_plugin  # noqa: F401
-from projects.mmdet3d_plugin.models.dense_heads import CmtHead
+from projects.mmdet3d_plugin.config_upgrade import LegacyKeyError
 from projects.mmdet3d_plugin.config_upgrade.head import upgrade_head_config
+from projects.mmdet3d_plugin.models.dense_heads import CmtHead
 from test_cmt_head import head_cfg
 
+MAX_HEAD_ARGUMENTS = 15
 AQR = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
            attention_bias_config=dict(type='AttentionBiasGenerator', window_size=3, bias_scale=2.0))
 UPSTREAM = dict(type='CmtHead', in_channels=512, hidden_dim=256, num_query=900, depth_num=64, downsample_scale=8,
@@ -45,9 +48,8 @@ def test_the_aqr_recipe_and_the_options_of_this_repository_move_into_their_parts
     assert upgraded['routing'] == AQR
     assert upgraded['passes'] == dict(modality_passes=('fused', 'camera'), pass_decoders='separate',
                                       lidar_free_pass='camera')
-    assert upgraded['camera_aids'] == dict(image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True,
-                                           camera_window_prior=dict(window_size=5, bias=4.0),
-                                           fused_image_drop_prob=0.25)
+    assert upgraded['aids'] == dict(image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True,
+                                    camera_window_prior=dict(window_size=5, bias=4.0), fused_image_drop_prob=0.25)
 
 
 def test_flat_grouped_and_legacy_names_build_the_same_head():
@@ -97,6 +99,29 @@ def test_a_key_given_flat_and_grouped_alike_is_one_key():
         'a dict option given flat merges into the grouped dict'
     with pytest.raises(ValueError, match=rf'give it once, as pts_bbox_head.routing.aqr_config.{option}'):
         upgrade_head_config(dict(dumped, aqr_config={option: 'another'}))
+
+
+def test_the_earlier_aids_groups_of_dumped_configs_become_aids(caplog):
+    """Configs dumped by earlier runs group the aids as ``camera_aids`` and ``lidar_aids``: both land in ``aids``,
+    with one log line each; a key given there and in ``aids`` alike is one key, differently an error."""
+    camera = dict(image_aux_config=dict(type='ImageAuxHead'), camera_depth_position=True)
+    bev = dict(bev_aux_config=dict(type='BevAuxHead', detach_input=True))
+    with caplog.at_level(logging.INFO, logger='mmdet'):
+        upgraded = upgrade_head_config(dict(type='CmtHead', camera_aids=camera, lidar_aids=bev))
+    assert upgraded == dict(type='CmtHead', aids=dict(camera, **bev))
+    assert 'config upgrade: pts_bbox_head.camera_aids.* -> pts_bbox_head.aids.*' in caplog.text
+    assert 'config upgrade: pts_bbox_head.lidar_aids.* -> pts_bbox_head.aids.*' in caplog.text
+    assert upgrade_head_config(dict(upgraded, lidar_aids=bev)) == upgraded
+    with pytest.raises(ValueError, match=r'give it once, as pts_bbox_head.aids.bev_aux_config.detach_input'):
+        upgrade_head_config(dict(upgraded, lidar_aids=dict(bev_aux_config=dict(detach_input=False))))
+    with pytest.raises(LegacyKeyError, match=r'CmtHead.camera_aids is a legacy key; use aids=dict\(\.\.\.\)'):
+        build_head(dict(type='CmtHead', in_channels=8, camera_aids=camera))
+
+
+def test_the_head_takes_at_most_15_arguments():
+    """The head's options stay grouped into sub-configs: at most 15 arguments (``self`` aside)."""
+    arguments = inspect.signature(CmtHead.__init__).parameters
+    assert len(arguments) - 1 <= MAX_HEAD_ARGUMENTS, list(arguments)
 
 
 def test_unknown_keys_reach_the_head_and_are_refused():

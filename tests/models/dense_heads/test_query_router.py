@@ -10,7 +10,7 @@ from projects.mmdet3d_plugin.models.dense_heads.query_router import QueryRouter,
 from projects.mmdet3d_plugin.models.utils.camera_geometry import CameraGeometry
 from test_cmt_head import C, PC_RANGE, head_cfg
 
-ROUTING = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3]),
+ROUTING = dict(aqr_config=dict(type='AQRWeightGenerator', window_sizes=[3, 3], weight_head_std=0.01),
                attention_bias_config=dict(type='AttentionBiasGenerator', window_size=3, bias_scale=2.0))
 BS, NUM_DN, Q = 2, 3, 5
 

@@ -1,5 +1,6 @@
 """Registered data pipelines with upstream CMT names (importing this package registers them)."""
-from .corruption import CORRUPTION_KEY, SensorCorruption, parse_corruption
+from .corruption import CORRUPTION_KEY, SensorCorruption
+from .corruption_spec import parse_corruption
 from .dbsampler import UnifiedDataBaseSampler
 from .global_rot_scale_trans import GlobalRotScaleTransAll, GlobalRotScaleTransImage
 from .modal_mask_3d import DROPPED_MODALITIES_KEY, ModalMask3D

@@ -14,7 +14,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from mmdet.datasets.builder import PIPELINES
 
-from .corruption import GHOST_MODES, SensorCorruption, parse_corruption
+from .corruption import SensorCorruption
+from .corruption_spec import GHOST_MODES, parse_corruption
 
 #: Largest seed drawn for a corruption's own random draws.
 MAX_SEED = 2**31 - 1

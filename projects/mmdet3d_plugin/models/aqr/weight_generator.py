@@ -107,10 +107,13 @@ class AQRWeightGenerator(BaseModule):
     * ``weight_activation='softmax'``: three routes (LiDAR, camera, both) as in
       MoME, ``p = softmax(l)``, ``lidar = p_0 + p_2``, ``camera = p_1 + p_2``.
 
-    The head's weights are initialised with ``N(0, 0.01)`` and, by default,
-    zero bias, so the sigmoid weights start near 0.5, i.e. a bias near 0
-    (close to baseline CMT) while every parameter still receives gradients.
-    ``init_weight`` starts both weights near another value instead: above 0.5
+    The head's weights start at zero (``weight_head_std=0``) and its bias at
+    the logits of ``init_weight``: every query starts exactly at
+    ``init_weight``, and without it at 0.5, a bias of exactly 0, so a CMT
+    checkpoint loaded into CMT-AQR predicts CMT's boxes and scores before the
+    first step. The head still receives gradients from the first step (its
+    input is not zero); the layers before it from the second, once its
+    weights have moved. ``init_weight`` starts both weights at another value: above 0.5
     the local bias starts *attracting* each query to its own windows, a
     locality prior that lets a short training run (the CPU demo) learn where a
     query should look — without it the decoder needs thousands of iterations
@@ -164,6 +167,9 @@ class AQRWeightGenerator(BaseModule):
             ``p_lidar = 1 - camera``, ``p_camera = 1 - lidar``, ``p_both =
             lidar + camera - 1``). Default: None (zero bias: 0.5 for sigmoid,
             2/3 for softmax).
+        weight_head_std (float): standard deviation of the weight head's
+            initial weights; > 0 starts every query at its own weights near
+            ``init_weight``. Default: 0.
         init_cfg (dict, optional): mmcv initialisation config.
     """
 
@@ -181,6 +187,7 @@ class AQRWeightGenerator(BaseModule):
                  lie_targets: bool = False,
                  granularity: str = 'query',
                  init_weight: Optional[Union[float, Sequence[float]]] = None,
+                 weight_head_std: float = 0.0,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if len(window_sizes) != 2:
@@ -217,7 +224,9 @@ class AQRWeightGenerator(BaseModule):
         self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels, ffn_drop=dropout)
         self.norms = nn.ModuleList([nn.LayerNorm(embed_dims), nn.LayerNorm(embed_dims)])
         self.weight_head = nn.Linear(embed_dims, 2 if weight_activation == 'sigmoid' else 3)
-        nn.init.normal_(self.weight_head.weight, std=0.01)
+        if weight_head_std < 0:
+            raise ValueError(f'weight_head_std must be >= 0, got {weight_head_std}')
+        nn.init.normal_(self.weight_head.weight, std=weight_head_std)
         with torch.no_grad():
             self.weight_head.bias.copy_(initial_logits(weight_activation, init_weight))
 

@@ -1,6 +1,6 @@
 """Dense auxiliary supervision of the BEV memory: centre heatmaps, heading and velocity at each object's cell.
 
-``CmtHead(lidar_aids=dict(bev_aux_config=dict(type='BevAuxHead', ...)))`` runs
+``CmtHead(aids=dict(bev_aux_config=dict(type='BevAuxHead', ...)))`` runs
 this head in training on the BEV memory the decoder attends to (the output of
 ``shared_conv``, ``[bs, C, H, W]``) and adds ``bev_aux.loss_heatmap``,
 ``bev_aux.loss_heading`` and ``bev_aux.loss_velocity``. CMT's decoder reads an

@@ -1,4 +1,4 @@
-"""``CameraAids``: the camera learning aids of ``CmtHead`` (its ``camera_aids`` sub-config; all off by default).
+"""``CameraAids``: the camera learning aids of ``CmtHead`` (the camera keys of its ``aids``; all off by default).
 
 * ``image_aux_config``: an :class:`ImageAuxHead` on the camera map
   ``[bs * N, C, h, w]`` (heatmap ``[bs * N, K, h, w]``, depth ``[bs * N, 1, h, w]``),

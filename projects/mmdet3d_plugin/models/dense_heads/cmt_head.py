@@ -6,8 +6,8 @@ memory of tokens and turns the decoder's outputs into per-task box predictions. 
 * :class:`PassPlan` (``passes``): the head's tokens (``modalities``) and its decoding passes, with each pass's
   keys, decoder and bias;
 * :class:`QueryRouter` (``routing``): AQR's per-query modality weights -> an ``AttentionBias``;
-* :class:`CameraAids` (``camera_aids``): the image aux head, depth-aware camera positions, the camera window
-  prior, black camera views for the fused pass; ``lidar_aids``: the BEV memory's :class:`BevAuxHead`;
+* ``aids``: the learning aids, :class:`CameraAids` (the image aux head, depth-aware camera positions, the camera
+  window prior, black camera views for the fused pass) and the BEV memory's :class:`BevAuxHead` (``bev_aux_config``);
 * :class:`PositionEmbedding`: the BEV, camera and query position embeddings;
 * :class:`DetectionLoss` (``losses``, ``denoising``): matched focal + L1 losses and the DN losses of every pass.
 
@@ -103,10 +103,10 @@ class CmtHead(BaseModule):
             None: plain CMT, same outputs and state dict.
         passes (dict, optional): :class:`PassPlan` (``modalities``,
             ``modality_passes``, ``pass_decoders``, ``lidar_free_pass``, ``camera_free_pass``).
-        camera_aids (dict, optional): :class:`CameraAids` (``image_aux_config``,
-            ``camera_depth_position``, ``camera_window_prior``, ``fused_image_drop_prob``).
-        lidar_aids (dict, optional): ``bev_aux_config``, a :class:`BevAuxHead` config (its ``in_channels``,
-            ``num_classes`` and ``pc_range`` come from the head) trained on the BEV memory.
+        aids (dict, optional): the learning aids: :class:`CameraAids`'s options (``image_aux_config``,
+            ``camera_depth_position``, ``camera_window_prior``, ``fused_image_drop_prob``) and ``bev_aux_config``,
+            a :class:`BevAuxHead` config (its ``in_channels``, ``num_classes`` and ``pc_range`` come from the
+            head) trained on the BEV memory.
         train_cfg (dict, optional): ``assigner``, ``code_weights`` (10 values), ``grid_size``.
         test_cfg (dict, optional): ``grid_size``, ``aqr_routing`` (``'learned'`` or an oracle of
             ``query_router.ORACLE_TRUTHS``).
@@ -125,8 +125,7 @@ class CmtHead(BaseModule):
                  denoising: Optional[dict] = None,
                  routing: Optional[dict] = None,
                  passes: Optional[dict] = None,
-                 camera_aids: Optional[dict] = None,
-                 lidar_aids: Optional[dict] = None,
+                 aids: Optional[dict] = None,
                  train_cfg: Optional[dict] = None,
                  test_cfg: Optional[dict] = None) -> None:
         name = type(self).__name__
@@ -171,17 +170,19 @@ class CmtHead(BaseModule):
         self.router = QueryRouter.build(routing, hidden_dim, self.transformer.decoder, self.pass_plan.fusion,
                                         self.pc_range, name)
         self._register(self.router.modules)
-        self.camera_aids = CameraAids(**(camera_aids or {}), hidden_dim=hidden_dim, num_classes=sum(self.num_classes),
+        camera_aids = dict(aids or {})
+        bev_aux_config = camera_aids.pop('bev_aux_config', None)
+        self.camera_aids = CameraAids(**camera_aids, hidden_dim=hidden_dim, num_classes=sum(self.num_classes),
                                       pass_plan=self.pass_plan, pc_range=self.pc_range,
                                       modulates_features=self.router.modulates_features, head_name=name)
         self._register(self.camera_aids.modules)
-        self.bev_aux_head = self._build_bev_aux_head(**(lidar_aids or {}))
+        self.bev_aux_head = self._build_bev_aux_head(bev_aux_config)
 
     def _build_bev_aux_head(self, bev_aux_config: Optional[dict] = None) -> Optional[nn.Module]:
         if bev_aux_config is None:
             return None
         if not self.pass_plan.uses_lidar:
-            raise ValueError(f'{type(self).__name__} has no BEV memory: lidar_aids.bev_aux_config needs a head '
+            raise ValueError(f'{type(self).__name__} has no BEV memory: aids.bev_aux_config needs a head '
                              f'with LiDAR tokens')
         return build_head(dict(bev_aux_config, in_channels=self.hidden_dim, num_classes=sum(self.num_classes),
                                pc_range=self.pc_range))

@@ -31,7 +31,8 @@ from mmcv.runner import ModuleDict
 from torch import Tensor, nn
 
 from ...attention import DecoderBias, restrict_keys
-from ...datasets.pipelines.corruption import CORRUPTION_KEY, corruption_mode
+from ...datasets.pipelines.corruption import CORRUPTION_KEY
+from ...datasets.pipelines.corruption_spec import corruption_mode
 from ...datasets.pipelines.modal_mask_3d import MODALITY_RESULTS_KEYS
 from ..aqr.aux_loss import dropped_modalities
 from ..utils.img_meta_keys import BLANK_VIEWS_KEY, LIDAR_POINTS_KEY
