@@ -49,13 +49,15 @@ def checkpoint_state_dict(checkpoint: Mapping, filename: str) -> 'OrderedDict':
     ``module.`` prefix, its ``_metadata`` (module versions) kept."""
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f'{filename}: not a checkpoint (a {type(checkpoint).__name__}, expected a dict)')
+    def unwrapped(entries: Mapping) -> 'OrderedDict':
+        return OrderedDict((key[len('module.'):] if key.startswith('module.') else key, value)
+                           for key, value in entries.items())
+
     state = checkpoint.get('state_dict', checkpoint)
     metadata = getattr(state, '_metadata', None)
-    state = OrderedDict((key[len('module.'):] if key.startswith('module.') else key, value)
-                        for key, value in state.items())
+    state = unwrapped(state)
     if metadata is not None:
-        state._metadata = OrderedDict((key[len('module.'):] if key.startswith('module.') else key, value)
-                                      for key, value in metadata.items())
+        state._metadata = unwrapped(metadata)
     return state
 
 

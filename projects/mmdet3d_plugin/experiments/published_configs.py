@@ -44,8 +44,6 @@ FINETUNE_CONFIGS = tuple(sorted(osp.relpath(path, REPO_ROOT)
                                 for path in glob.glob(osp.join(REPO_ROOT, 'configs', 'finetune', '*.py'))))
 #: ``load_from`` of a fine-tune config: where ``tools/train.py configs/<name>.py`` writes its checkpoints.
 _WORK_DIR_CHECKPOINT = re.compile(r'^work_dirs/([^/]+)/[^/]+\.pth$')
-#: The GT-sampling transforms (``DisableObjectSampleHook`` removes them).
-GT_SAMPLING = ('ObjectSample', 'UnifiedObjectSample')
 NDS_KEY = 'pts_bbox_NuScenes/NDS'
 #: ``HostSyncReportHook``'s total in the training log.
 HOST_SYNCS = re.compile(r'host syncs / iter: ([0-9.eE+-]+)')
@@ -105,10 +103,11 @@ def first_epoch_pipeline(cfg) -> None:
     if not cfg.custom_hooks:
         cfg.pop('custom_hooks')
     if switches[0].get('disable_after_epoch', 15) == 0:
-        train = cfg.data.train
-        while 'pipeline' not in train:  # CBGSDataset, RepeatDataset, ...
-            train = train.dataset
-        train.pipeline = [step for step in train.pipeline if step['type'] not in GT_SAMPLING]
+        from ..datasets.corruption_config import train_pipelines
+        from ..mmcv_custom.disable_object_sample import GT_SAMPLING_TRANSFORMS
+        removed = {transform.__name__ for transform in GT_SAMPLING_TRANSFORMS}
+        for pipeline in train_pipelines(cfg):
+            pipeline[:] = [step for step in pipeline if step['type'] not in removed]
 
 
 def source_config(config: str) -> Optional[str]:
