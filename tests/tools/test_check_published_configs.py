@@ -10,10 +10,12 @@ import json
 import os.path as osp
 
 import pytest
+import torch
 from mmcv import Config
 
 from projects.mmdet3d_plugin.experiments.published_configs import (FINETUNE_CONFIGS, PUBLISHED_CONFIGS, ConfigCheck,
-                                                                   check_config, checked_config, results_table,
+                                                                   check_config, checked_config,
+                                                                   checkpoint_loss_scale, results_table,
                                                                    source_config, train_log_summary)
 from projects.mmdet3d_plugin.utils.repo_paths import REPO_ROOT
 from tools import check_published_configs, create_data, make_synthetic_nuscenes
@@ -68,7 +70,18 @@ def test_log_summary_and_table_flag_a_non_finite_loss(tmp_path):
     (tmp_path / '20260101_000000.log').write_text('INFO - HostSyncReportHook: iterations 1-2, host syncs / iter: 2.5\n')
     summary = train_log_summary(str(tmp_path))
     assert summary['host_syncs_per_iter'] == 2.5
-    assert '| **no** | 2.5 |' in results_table([ConfigCheck('configs/x.py', **summary)])
+    assert '| **no** | 2.5 | - |' in results_table([ConfigCheck('configs/x.py', **summary)])
+    assert '| **no** | 2.5 | 256 |' in results_table([ConfigCheck('configs/x.py', loss_scale=256.0, **summary)])
+
+
+def test_the_loss_scale_is_read_from_the_checkpoint_meta(tmp_path):
+    path = str(tmp_path / 'latest.pth')
+    torch.save(dict(meta=dict(fp16=dict(loss_scaler=dict(scale=128.0, _growth_tracker=3))), state_dict={}), path)
+    assert checkpoint_loss_scale(path) == 128.0
+    torch.save(dict(meta=dict(fp16=dict(loss_scaler={})), state_dict={}), path)  # a disabled scaler (no CUDA)
+    assert checkpoint_loss_scale(path) is None
+    torch.save(dict(meta=None, state_dict={}), path)
+    assert checkpoint_loss_scale(path) is None
 
 
 def test_the_fine_tune_configs_are_checked_from_their_cmt_configs_checkpoint(nuscenes_shaped, tmp_path):
@@ -104,6 +117,7 @@ def test_the_r50_cmt_aqr_fine_tune_trains_from_cmt_tests_and_submits_in_two_proc
     assert row['config'] == f'configs/finetune/{FINETUNE_SLICE}.py'
     assert row['failed'] == '' and returncode == 0, row
     assert row['losses_finite'] and row['seconds_per_iter'] > 0 and row['peak_host_mib'] > 0
+    assert row['loss_scale'] is None  # the fp16 hook trains in fp32 without CUDA: its scaler saves no scale
     assert 0.0 <= row['nds'] <= 1.0
     train_log = next((tmp_path / 'work' / FINETUNE_SLICE / 'train').glob('*.log')).read_text()
     assert 'AQR parameters are not in the checkpoint (a CMT checkpoint) and keep their initialisation' in train_log

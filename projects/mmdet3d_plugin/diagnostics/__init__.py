@@ -13,7 +13,8 @@ to a table or a pass/fail report, never into a model.
   ``train_step_profile`` (tools/profile_train_step.py), ``process_memory``
   (peak memory in a fresh process);
 * self-checks: ``gpu_check`` and ``training_check`` (tools/check_gpu.py),
-  ``spconv_race_check`` (tools/check_spconv_race.py).
+  ``spconv_race_check`` (tools/check_spconv_race.py), ``precision_comparison``
+  (tools/compare_attention_precision.py), ``gpu_run_stages`` and ``gpu_targets`` (tools/gpu_run.py).
 
 Imports the library below it (``mmcv_custom``, ``models``, ``attention``,
 ``utils``, ...), never ``apis`` or ``experiments``.

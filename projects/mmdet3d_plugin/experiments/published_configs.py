@@ -16,7 +16,8 @@ For each config (:data:`PUBLISHED_CONFIGS`, :data:`FINETUNE_CONFIGS`), in ``<wor
 and :func:`results_table` prints one row per config: seconds per iteration (median of the logged iterations
 after the first), peak memory (the processes' summed proportional set size, sampled every second; the GPU's
 peak as logged by mmcv on CUDA), whether every logged loss is finite, the host synchronisations per iteration
-(``host_syncs``, on CUDA), NDS and the submission's samples.
+(``host_syncs``, on CUDA), the fp16 hook's loss scale saved with the checkpoint (on CUDA), NDS and the
+submission's samples.
 """
 import contextlib
 import glob
@@ -59,6 +60,7 @@ class ConfigCheck:
     peak_gpu_mib: Optional[float] = None
     losses_finite: Optional[bool] = None
     host_syncs_per_iter: Optional[float] = None
+    loss_scale: Optional[float] = None
     nds: Optional[float] = None
     submission_samples: Optional[int] = None
     wall_seconds: Dict[str, float] = field(default_factory=dict)
@@ -198,6 +200,15 @@ def train_log_summary(work_dir: str) -> Dict[str, Optional[float]]:
                 host_syncs_per_iter=float(syncs[-1]) if syncs else None)
 
 
+def checkpoint_loss_scale(path: str) -> Optional[float]:
+    """The dynamic loss scale an fp16 optimizer hook saved with the checkpoint at ``path`` (mmcv keeps its
+    ``GradScaler``'s state in ``meta['fp16']['loss_scaler']``); None without one, or with the scaler disabled
+    (no CUDA: the hook trains in fp32)."""
+    import torch
+    meta = torch.load(path, map_location='cpu', weights_only=False).get('meta') or {}
+    return meta.get('fp16', {}).get('loss_scaler', {}).get('scale')
+
+
 def submission_samples(path: str) -> int:
     """The samples of a ``results_nusc.json`` as the nuScenes devkit loads it (an error if it does not)."""
     from nuscenes.eval.common.loaders import load_prediction
@@ -244,7 +255,7 @@ def check_config(config: str, data_root: str, work_dir: str, iters: int, process
             row.failed = f'{step} exited with code {returncode}'
             return row
         if step == 'train':
-            vars(row).update(train_log_summary(train_dir))
+            vars(row).update(train_log_summary(train_dir), loss_scale=checkpoint_loss_scale(checkpoint))
             if train_only:
                 return row
         elif step == 'test':
@@ -260,15 +271,17 @@ def _number(value: Optional[float], digits: int) -> str:
 
 def results_table(rows: List[ConfigCheck]) -> str:
     """The Markdown table of the checked configs (one row each)."""
-    lines = ['| config | s / iter | peak host MiB | peak GPU MiB | losses finite | host syncs / iter | NDS | submission '
-             '| minutes (train / test / format) | failed |', '|---|---:|---:|---:|---|---:|---:|---|---|---|']
+    lines = ['| config | s / iter | peak host MiB | peak GPU MiB | losses finite | host syncs / iter '
+             '| loss scale (end) | NDS | submission | minutes (train / test / format) | failed |',
+             '|---|---:|---:|---:|---|---:|---:|---:|---|---|---|']
     for row in rows:
         submission = '-' if row.submission_samples is None else f'results_nusc.json, {row.submission_samples} samples'
         minutes = ' / '.join(f'{seconds / 60:.1f}' for seconds in row.wall_seconds.values())
         finite = '-' if row.losses_finite is None else ('yes' if row.losses_finite else '**no**')
         lines.append(f'| {osp.basename(row.config)} | {_number(row.seconds_per_iter, 1)} | '
                      f'{_number(row.peak_host_mib, 0)} | {_number(row.peak_gpu_mib, 0)} | {finite} | '
-                     f'{_number(row.host_syncs_per_iter, 1)} | {_number(row.nds, 4)} | {submission} | {minutes} | '
+                     f'{_number(row.host_syncs_per_iter, 1)} | {_number(row.loss_scale, 0)} | {_number(row.nds, 4)} | '
+                     f'{submission} | {minutes} | '
                      f'{row.failed or "-"} |')
     return '\n'.join(lines)
 
