@@ -16,8 +16,10 @@ def test_the_json_files_the_targets_read_are_written_by_the_stages():
     commands = stage_commands('OUT', 'd', 'w')
     outs = [args[args.index('--out') + 1] for stage in commands.values() for args in stage if '--out' in args]
     assert {'OUT/model_half_bs1.json', 'OUT/model_half_bs2.json', 'OUT/attention_float16.json'} <= set(outs)
+    assert [args[-1] for args in commands['model']] == [f'OUT/model_{dtype}_bs{batch}.json' for batch in (1, 2)
+                                                        for dtype in ('half', 'float32')]
     half = [args for args in commands['model'] if 'half' in args[-1]]
-    assert len(half) == 2 and not any('--attention-dtype' in args for args in half)  # the default: float16 on CUDA
+    assert not any('--attention-dtype' in args for args in half)  # the default: float16 on CUDA
 
 
 @pytest.mark.slow(seconds=8)

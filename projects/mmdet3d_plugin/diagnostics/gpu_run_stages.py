@@ -38,8 +38,9 @@ class CommandResult:
 
 def stage_commands(out: str, data_root: str, work_dir: str,
                    trained: Optional[Sequence[str]] = None) -> Dict[str, List[List[str]]]:
-    """Stage name -> the commands (``tools/...`` argv, run with this Python) in the order they run; ``trained``:
-    a (config, checkpoint) pair the accuracy stage compares too."""
+    """Stage name -> the commands (``tools/...`` argv, run with this Python) in the order they run (the model
+    benchmark's half-precision and float32 runs of a batch size together, so that a deadline leaves pairs);
+    ``trained``: a (config, checkpoint) pair the accuracy stage compares too."""
     accuracy = [['tools/compare_attention_precision.py', '--device', 'cuda', '--dtypes', 'float16', 'bfloat16',
                  '--out', f'{out}/accuracy.json']]
     if trained:
@@ -48,7 +49,7 @@ def stage_commands(out: str, data_root: str, work_dir: str,
                          '--out', f'{out}/accuracy_trained.json'])
     model = [['tools/benchmark_model.py', '--device', 'cuda', '--pairs', '3', '--batch-size', str(batch),
               *dtype_args, '--out', f'{out}/model_{name}_bs{batch}.json']
-             for name, dtype_args in (('half', []), ('float32', ['--attention-dtype', 'float32'])) for batch in (1, 2)]
+             for batch in (1, 2) for name, dtype_args in (('half', []), ('float32', ['--attention-dtype', 'float32']))]
     return {
         'check': [['tools/check_gpu.py', '--skip-benchmark']],
         'accuracy': accuracy,
