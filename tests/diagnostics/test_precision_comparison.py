@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from projects.mmdet3d_plugin.core.bbox.coders.multi_task_bbox_coder import MultiTaskBBoxCoder
 from projects.mmdet3d_plugin.diagnostics.model_benchmark import ModelBenchmarkOptions
 from projects.mmdet3d_plugin.diagnostics.precision_comparison import (FLOOR_RUN, METRICS, TOLERANCES,
                                                                       LastLayerPredictions, compare_config,
@@ -17,7 +18,7 @@ DEMO_CONFIG = 'configs/demo/cmt_aqr_synthetic_tiny.py'
 def _predictions(bs=2, tasks=2, queries=5, classes=(1, 2), seed=0) -> LastLayerPredictions:
     generator = torch.Generator().manual_seed(seed)
     scores = torch.rand(bs, queries, sum(classes), generator=generator)
-    boxes = torch.rand(bs, tasks, queries, 9, generator=generator) + 0.5  # sizes > 0
+    boxes = torch.rand(bs, tasks * queries, 9, generator=generator) + 0.5  # sizes > 0; task t's at rows t * Q + q
     class_to_task = torch.tensor([task for task, count in enumerate(classes) for _ in range(count)])
     return LastLayerPredictions(scores, boxes, class_to_task)
 
@@ -36,28 +37,28 @@ def test_identical_predictions_compare_to_zero():
 
 def test_a_detection_box_is_the_box_of_its_class_task():
     reference = _predictions()
-    # the best pair of sample 1: query 3, class 2 (task 1); move task 1's box of query 3 by 0.3 m in z
+    # the best pair of sample 1: query 3, class 2 (task 1); move task 1's box of query 3 (row 5 + 3) by 0.3 m in z
     scores = torch.zeros_like(reference.scores)
     scores[1, 3, 2] = 1.0
     reference = _changed(reference, scores=scores)
     boxes = reference.boxes.clone()
-    boxes[1, 1, 3, 2] += 0.3
+    boxes[1, 5 + 3, 2] += 0.3
     assert compare_predictions(reference, _changed(reference, boxes=boxes), max_num=1)['centre_m'] == \
         pytest.approx(0.3)
     boxes = reference.boxes.clone()
-    boxes[1, 0, 3, 2] += 0.3  # task 0's box of the same query is no detection of class 2
+    boxes[1, 3, 2] += 0.3  # task 0's box of the same query is no detection of class 2
     assert compare_predictions(reference, _changed(reference, boxes=boxes), max_num=1)['centre_m'] == 0
 
 
 def test_each_metric_measures_its_quantity():
     reference = _predictions(bs=1, tasks=1, queries=3, classes=(1, ))
     boxes = reference.boxes.clone()
-    boxes[0, 0, :, 6] = torch.tensor([math.pi - 0.01, 0.0, 0.0])
+    boxes[0, :, 6] = torch.tensor([math.pi - 0.01, 0.0, 0.0])
     reference = _changed(reference, boxes=boxes)
     other = boxes.clone()
-    other[0, 0, 0, 6] = -math.pi + 0.01  # across the wrap: 0.02 rad apart
-    other[0, 0, 1, 3] *= 1.1  # 10 % wider
-    other[0, 0, 2, 7:9] += torch.tensor([0.3, 0.4])  # 0.5 m/s
+    other[0, 0, 6] = -math.pi + 0.01  # across the wrap: 0.02 rad apart
+    other[0, 1, 3] *= 1.1  # 10 % wider
+    other[0, 2, 7:9] += torch.tensor([0.3, 0.4])  # 0.5 m/s
     scores = reference.scores.clone()
     scores[0, 1, 0] += 0.25
     metrics = compare_predictions(reference, _changed(reference, scores=scores, boxes=other), max_num=3)
@@ -100,11 +101,12 @@ def test_last_layer_predictions_reads_the_last_layer_of_every_task():
         preds['center'][-1] += 1
         return [preds]
 
-    predictions = last_layer_predictions([task(1, 0.0), task(2, 5.0)])
+    coder = MultiTaskBBoxCoder(pc_range=[-10, -10, -5, 10, 10, 3], num_classes=3)
+    predictions = last_layer_predictions(coder, [task(1, 0.0), task(2, 5.0)])
     assert predictions.scores.shape == (bs, queries, 3) and torch.all(predictions.scores == 0.5)
     assert predictions.class_to_task.tolist() == [0, 1, 1]
-    assert predictions.boxes.shape == (bs, 2, queries, 9)
-    assert predictions.boxes[0, :, 0, 0].tolist() == [1.0, 6.0]  # x of the last layer, per task
+    assert predictions.boxes.shape == (bs, 2 * queries, 9)
+    assert predictions.boxes[0, ::queries, 0].tolist() == [1.0, 6.0]  # x of the last layer, per task
     assert torch.all(predictions.boxes[..., 3:6] == 1)  # exp(0) sizes
 
 

@@ -22,13 +22,12 @@ import torch
 from mmcv.runner import load_checkpoint
 from torch import Tensor, nn
 
+from ..core.bbox.coders.multi_task_bbox_coder import MultiTaskBBoxCoder, pair_rows
 from ..core.bbox.util import denormalize_bbox
 from ..models.dense_heads.head_outputs import fp32_predictions
 from ..models.utils.petr_attention import set_attention_dtype
 from .model_benchmark import ModelBenchmarkOptions, build_detector, load_config, make_batch
 
-#: the regression outputs in the order of the box code (:func:`denormalize_bbox`)
-CODE_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
 #: compared quantities, in table order
 METRICS = ('score', 'centre_m', 'size', 'heading_rad', 'velocity')
 #: per half dtype, the largest change of each metric a run may show (bfloat16 keeps 3 fewer mantissa bits)
@@ -41,11 +40,13 @@ FLOOR_RUN = 'float32 again'
 
 @dataclass(frozen=True)
 class LastLayerPredictions:
-    """The last decoder layer's predictions of every task, in the coder's layout.
+    """The last decoder layer's predictions of every task, in the coder's layout
+    (:meth:`MultiTaskBBoxCoder.last_layer`).
 
     Attributes:
         scores (Tensor): ``[bs, Q, C]`` sigmoid class scores, the tasks' classes concatenated.
-        boxes (Tensor): ``[bs, T, Q, 9]`` each task's box per query ``(x, y, z, w, l, h, yaw, vx, vy)``.
+        boxes (Tensor): ``[bs, T * Q, 9]`` the boxes ``(x, y, z, w, l, h, yaw, vx, vy)``, task ``t``'s at rows
+            ``t * Q ... (t + 1) * Q - 1``.
         class_to_task (Tensor): ``[C]`` the task of each class.
     """
 
@@ -54,23 +55,17 @@ class LastLayerPredictions:
     class_to_task: Tensor
 
 
-def last_layer_predictions(tasks: Sequence[List[Dict[str, Tensor]]]) -> LastLayerPredictions:
+def last_layer_predictions(coder: MultiTaskBBoxCoder, tasks: Sequence[List[Dict[str, Tensor]]]) -> LastLayerPredictions:
     """:class:`LastLayerPredictions` of a head's output (``HeadOutputs`` or per task ``[dict]``), in float32."""
-    scores, boxes, class_to_task = [], [], []
-    for task_id, (preds, ) in enumerate(fp32_predictions(tasks)):
-        scores.append(preds['cls_logits'][-1].sigmoid())
-        boxes.append(denormalize_bbox(torch.cat([preds[key][-1] for key in CODE_KEYS], dim=-1)))
-        class_to_task += [task_id] * scores[-1].size(-1)
-    return LastLayerPredictions(torch.cat(scores, dim=-1), torch.stack(boxes, dim=1),
-                                torch.tensor(class_to_task, device=scores[0].device))
+    logits, codes, class_to_task = coder.last_layer(fp32_predictions(tasks))
+    return LastLayerPredictions(logits.sigmoid(), denormalize_bbox(codes), class_to_task)
 
 
 def detection_boxes(predictions: LastLayerPredictions, pairs: Tensor) -> Tensor:
     """``[bs, k, 9]`` the boxes of ``pairs`` ``[bs, k]`` (flat ``query * C + class`` indices)."""
-    num_classes = predictions.scores.size(-1)
-    queries, tasks = pairs // num_classes, predictions.class_to_task[pairs % num_classes]
-    samples = torch.arange(pairs.size(0), device=pairs.device)[:, None]
-    return predictions.boxes[samples, tasks, queries]
+    _, num_query, num_classes = predictions.scores.shape
+    _, _, rows = pair_rows(pairs, num_classes, num_query, predictions.class_to_task)
+    return predictions.boxes.gather(1, rows[..., None].expand(-1, -1, predictions.boxes.size(-1)))
 
 
 def compare_predictions(reference: LastLayerPredictions, other: LastLayerPredictions, max_num: int) -> Dict[str, float]:
@@ -112,7 +107,7 @@ def head_predictions(model: nn.Module, batch: dict) -> LastLayerPredictions:
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f'expected one head call in simple_test, saw {len(captured)}')
-    return last_layer_predictions(captured[0])
+    return last_layer_predictions(model.pts_bbox_head.bbox_coder, captured[0])
 
 
 def compare_config(config: str, dtypes: Sequence[str], options: ModelBenchmarkOptions,

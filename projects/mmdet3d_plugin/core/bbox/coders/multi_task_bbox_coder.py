@@ -1,5 +1,5 @@
 """Decoding of CMT's multi-task head outputs into scored 3D boxes (NMS-free)."""
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmdet.core.bbox import BaseBBoxCoder
@@ -11,6 +11,16 @@ from ..util import denormalize_bbox
 # Order in which the head's regression outputs are concatenated into one code;
 # the slots then follow the normalize_bbox encoding (CMT's convention).
 _REG_KEYS = ('center', 'height', 'dim', 'rot', 'vel')
+
+
+def pair_rows(flat_inds: torch.Tensor, num_classes: int, num_query: int,
+              class_to_task: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Labels, queries and box-code rows of flat ``query * num_classes + class`` indices (any shape): the row
+    of a pair is its class's task's box of its query, ``task * num_query + query``
+    (:meth:`MultiTaskBBoxCoder.last_layer`'s layout)."""
+    labels = flat_inds % num_classes
+    queries = torch.div(flat_inds, num_classes, rounding_mode='floor')
+    return labels, queries, class_to_task[labels] * num_query + queries
 
 
 @BBOX_CODERS.register_module()
@@ -76,9 +86,7 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
         """
         num_query, num_classes = cls_logits.shape
         scores, flat_inds = cls_logits.sigmoid().reshape(-1).topk(min(self.max_num, cls_logits.numel()))
-        labels = flat_inds % num_classes
-        query_inds = torch.div(flat_inds, num_classes, rounding_mode='floor')
-        rows = class_to_task[labels] * num_query + query_inds
+        labels, _, rows = pair_rows(flat_inds, num_classes, num_query, class_to_task)
         bboxes = denormalize_bbox(bbox_codes[rows], self.pc_range)
 
         keep = torch.ones_like(scores, dtype=torch.bool)
@@ -90,7 +98,19 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
         return dict(bboxes=bboxes[keep], scores=scores[keep], labels=labels[keep])
 
     def decode(self, preds_dicts: Sequence[Sequence[Dict[str, torch.Tensor]]]) -> List[Dict[str, torch.Tensor]]:
-        """Decode the last decoder layer's predictions of every task head.
+        """Decode the last decoder layer's predictions of every task head (:meth:`last_layer`).
+
+        Returns:
+            list[dict]: one dict per sample, see :meth:`decode_single`.
+        """
+        all_logits, all_codes, class_to_task = self.last_layer(preds_dicts)
+        return [
+            self.decode_single(all_logits[i], all_codes[i], class_to_task) for i in range(all_logits.size(0))
+        ]
+
+    def last_layer(self, preds_dicts: Sequence[Sequence[Dict[str, torch.Tensor]]]
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The last decoder layer's predictions of every task head, in one layout.
 
         Args:
             preds_dicts (Sequence[Sequence[dict]]): ``preds_dicts[task][0]`` is
@@ -104,7 +124,8 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
                 :func:`normalize_bbox`; only layer ``-1`` is decoded.
 
         Returns:
-            list[dict]: one dict per sample, see :meth:`decode_single`.
+            tuple[Tensor]: ``logits [B, Q, C]`` (global class order), ``codes [B, T * Q, 10]`` (task ``t``'s
+            boxes at rows ``t * Q ... (t + 1) * Q - 1``) and ``class_to_task [C]`` (long).
         """
         if len(preds_dicts) == 0:
             raise ValueError('MultiTaskBBoxCoder.decode got no task predictions')
@@ -125,7 +146,4 @@ class MultiTaskBBoxCoder(BaseBBoxCoder):
         if all_logits.size(-1) != self.num_classes:
             raise ValueError(f'the task heads predict {all_logits.size(-1)} classes in total but the coder has '
                              f'num_classes={self.num_classes}')
-        class_to_task = device_constant(class_to_task, all_logits.device, torch.long)
-        return [
-            self.decode_single(all_logits[i], all_codes[i], class_to_task) for i in range(all_logits.size(0))
-        ]
+        return all_logits, all_codes, device_constant(class_to_task, all_logits.device, torch.long)
