@@ -23,6 +23,10 @@ from .gpu_targets import attention_target_rows, model_target_rows, targets_table
 R50_CONFIGS = ('cmt_aqr_voxel0100_r50_800x320_cbgs', 'cmt_voxel0100_r50_800x320_cbgs')
 #: a command starts only with this many seconds of the deadline left
 MIN_START_SECONDS = 60
+#: the model benchmark's batch sizes, and the JSON files :func:`summary` reads the targets from
+BATCH_SIZES = (1, 2)
+HALF_MODEL_JSON = 'model_half_bs{batch}.json'
+ATTENTION_JSON = 'attention_float16.json'
 
 
 @dataclass
@@ -47,16 +51,17 @@ def stage_commands(out: str, data_root: str, work_dir: str,
         accuracy.append(['tools/compare_attention_precision.py', '--device', 'cuda', '--configs', trained[0],
                          '--checkpoint', trained[1], '--dtypes', 'float16', 'bfloat16',
                          '--out', f'{out}/accuracy_trained.json'])
-    model = [['tools/benchmark_model.py', '--device', 'cuda', '--pairs', '3', '--batch-size', str(batch),
-              *dtype_args, '--out', f'{out}/model_{name}_bs{batch}.json']
-             for batch in (1, 2) for name, dtype_args in (('half', []), ('float32', ['--attention-dtype', 'float32']))]
+    model = [['tools/benchmark_model.py', '--device', 'cuda', '--pairs', '3', '--batch-size', str(batch), *dtype_args,
+              '--out', osp.join(out, json_name.format(batch=batch))]
+             for batch in BATCH_SIZES for json_name, dtype_args in (
+                 (HALF_MODEL_JSON, []), ('model_float32_bs{batch}.json', ['--attention-dtype', 'float32']))]
     return {
         'check': [['tools/check_gpu.py', '--skip-benchmark']],
         'accuracy': accuracy,
         'attention': [['tools/benchmark_attention.py', '--device', 'cuda', '--dtype', 'float16', '--layouts', 'vov',
                        '--biases', 'local', 'global', '--passes', 'fwdbwd', '--no-construction', '--queries', '900',
                        '--batch-sizes', '1', '2', '--backends', 'tiled_bias', 'segment', 'sdpa', '--repeats', '5',
-                       '--out', f'{out}/attention_float16.json']],
+                       '--out', osp.join(out, ATTENTION_JSON)]],
         'model': model,
         'published': [
             ['tools/make_synthetic_nuscenes.py', '--preset', 'nuscenes-mini', '--root', data_root, '--scenes', '2',
@@ -127,16 +132,12 @@ def machine_lines() -> List[str]:
 
 def target_rows(out: str) -> List[dict]:
     """The targets of every benchmark JSON the run wrote (half-precision model runs and the attention run)."""
+    files = [(HALF_MODEL_JSON.format(batch=batch), model_target_rows) for batch in BATCH_SIZES]
     rows = []
-    for batch in (1, 2):
-        path = osp.join(out, f'model_half_bs{batch}.json')
-        if osp.exists(path):
-            with open(path) as f:
-                rows += model_target_rows(json.load(f))
-    path = osp.join(out, 'attention_float16.json')
-    if osp.exists(path):
-        with open(path) as f:
-            rows += attention_target_rows(json.load(f))
+    for name, read_rows in files + [(ATTENTION_JSON, attention_target_rows)]:
+        if osp.exists(osp.join(out, name)):
+            with open(osp.join(out, name)) as f:
+                rows += read_rows(json.load(f))
     return rows
 
 
